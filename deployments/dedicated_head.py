@@ -1,0 +1,114 @@
+"""The head of a dedicated endpoint: a chat head that says which replica served a call.
+
+Same ``ChatHeadCore`` and engine factory as ``deployments.chat_head.ChatHead``;
+three additions the dedicated monitoring records need from the replica itself:
+
+- every stream starts with a ``ServedBy`` event (the gateway strips it), so
+  per-replica ``calls_total`` and cold waits are measured, not guessed;
+- ``stats()`` reports tokens produced, age and in-flight calls for replica
+  health (the gateway only calls it on replicas that are already running);
+- ``record_autoscaling_stats`` reports the engine's waiting queue for the
+  ``engine_target_waiting`` knob (see ``serve_app.dedicated.autoscaling``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from ray import serve
+
+from deployments.chat_head import ChatHeadCore
+from deployments.engines.base import GenerationDone
+from deployments.head_protocol import HeadEvent, HeadRequest
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ServedBy:
+    """First item of every dedicated stream: the replica that took the call."""
+
+    replica_id: str
+
+
+@dataclass
+class ReplicaStats:
+    """One replica's counters, sampled for ``GET /api/dedicated/{id}/health``."""
+
+    replica_id: str
+    age_s: float
+    tokens: int
+    calls: int
+    running: int
+    waiting: int | None
+
+
+def queue_split(in_flight: int, max_num_seqs: int | None) -> tuple[int, int | None]:
+    """(running, waiting): the engine runs at most ``max_num_seqs`` at once, the rest wait."""
+    if max_num_seqs is None:
+        return in_flight, None
+    return min(in_flight, max_num_seqs), max(0, in_flight - max_num_seqs)
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 1})
+class DedicatedHead:
+    """One replica of a ``ded-<slug>`` application."""
+
+    async def __init__(  # type: ignore[misc]  # Ray Serve awaits async constructors
+        self,
+        model_id: str,
+        backend: str,
+        engine_config: dict[str, Any],
+        peers: Any = None,
+    ) -> None:
+        """``peers`` only binds hybrid's ``burst`` deployment into the same app (unused)."""
+        from deployments.engines.factory import build_text_engine
+
+        self.model_id = model_id
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self.started = time.monotonic()
+        seqs = engine_config.get("max_num_seqs")
+        self.max_num_seqs = int(seqs) if isinstance(seqs, int) else None
+        self.tokens = 0
+        self.calls = 0
+        self.in_flight = 0
+        self.core = ChatHeadCore(build_text_engine(backend, engine_config))
+        info = await self.core.start()
+        logger.info("dedicated head %s ready (max_model_len=%d)", model_id, info.max_model_len)
+
+    async def generate(self, request: HeadRequest) -> AsyncIterator[HeadEvent | ServedBy]:
+        yield ServedBy(self.replica_id)
+        self.calls += 1
+        self.in_flight += 1
+        try:
+            async for event in self.core.generate(request):
+                if isinstance(event, GenerationDone):
+                    self.tokens += event.completion_tokens
+                yield event
+        finally:
+            self.in_flight -= 1
+
+    async def stats(self) -> ReplicaStats:
+        running, waiting = queue_split(self.in_flight, self.max_num_seqs)
+        return ReplicaStats(
+            replica_id=self.replica_id,
+            age_s=time.monotonic() - self.started,
+            tokens=self.tokens,
+            calls=self.calls,
+            running=running,
+            waiting=waiting,
+        )
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        _, waiting = queue_split(self.in_flight, self.max_num_seqs)
+        return {"engine_waiting": float(waiting or 0)}
+
+    async def check_health(self) -> None:
+        await self.core.engine.check_health()
+
+    async def __del__(self) -> None:
+        await self.core.engine.shutdown()

@@ -1,0 +1,180 @@
+"""The detect and parse heads: one Ray Serve deployment per document model.
+
+``DetectHeadCore`` and ``ParseHeadCore`` hold the head's rules (decode the
+image the gateway sniffed, require table boxes from table-structure engines,
+shape the result) as plain async Python, so the gateway's tests run them
+in-process; ``DetectHead`` / ``ParseHead`` are the thin Ray Serve wrappers.
+Decoding runs in a worker thread next to the model: it is CPU work, and the
+compressed image is the smallest thing to ship to a head.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ray import serve
+
+from deployments.document_protocol import (
+    DetectHeadReply,
+    DetectHeadRequest,
+    DetectHeadResult,
+    ParseHeadReply,
+    ParseHeadRequest,
+    ParseHeadResult,
+)
+from deployments.engines.document_base import (
+    DetectEngine,
+    ParseEngine,
+    ParseEngineInfo,
+    ParseOptions,
+)
+from deployments.head_protocol import HeadFailure
+from serve_app.protocol.errors import (
+    GatewayError,
+    InvalidRequestError,
+    ModelUnavailableError,
+    UpstreamError,
+)
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+logger = logging.getLogger(__name__)
+
+
+def decode_image(data: bytes) -> Image.Image:
+    """The RGB image in ``data``, or ``invalid_image`` (also for decompression bombs)."""
+    from PIL import Image as PilImage
+
+    try:
+        with PilImage.open(io.BytesIO(data)) as img:
+            img.load()
+            return img.convert("RGB")
+    except (OSError, ValueError, SyntaxError, PilImage.DecompressionBombError) as err:
+        raise InvalidRequestError(
+            f"Invalid image: it could not be decoded ({type(err).__name__}).",
+            code="invalid_image",
+            param="image",
+        ) from None
+
+
+async def _answer(kind: str, request_id: str, work: Any) -> Any:
+    """Run ``work``; caller mistakes keep their status, anything else is a 502."""
+    try:
+        return await work
+    except GatewayError as err:
+        return HeadFailure.from_error(err)
+    except Exception as err:
+        logger.exception("%s failed for %s", kind, request_id)
+        return HeadFailure.from_error(UpstreamError(f"The {kind} model failed: {err}"))
+
+
+class DetectHeadCore:
+    """Image decoding and result shaping around one ``DetectEngine``."""
+
+    def __init__(self, engine: DetectEngine) -> None:
+        self.engine = engine
+        self.started = False
+
+    async def start(self) -> None:
+        await self.engine.start()
+        self.started = True
+
+    async def detect(self, request: DetectHeadRequest) -> DetectHeadReply:
+        reply: DetectHeadReply = await _answer(
+            "detection", request.request_id, self._detect(request)
+        )
+        return reply
+
+    async def _detect(self, request: DetectHeadRequest) -> DetectHeadResult:
+        if not self.started:
+            raise ModelUnavailableError("The detect head is still starting.", code="model_warming")
+        image = await asyncio.to_thread(decode_image, request.image)
+        return DetectHeadResult(regions=await self.engine.detect(image))
+
+
+class ParseHeadCore:
+    """Image decoding, table-box rule and result shaping around one ``ParseEngine``."""
+
+    def __init__(self, engine: ParseEngine) -> None:
+        self.engine = engine
+        self.info: ParseEngineInfo | None = None
+
+    async def start(self) -> ParseEngineInfo:
+        self.info = await self.engine.start()
+        return self.info
+
+    async def parse(self, request: ParseHeadRequest) -> ParseHeadReply:
+        reply: ParseHeadReply = await _answer("parse", request.request_id, self._parse(request))
+        return reply
+
+    async def _parse(self, request: ParseHeadRequest) -> ParseHeadResult:
+        info = self.info
+        if info is None:
+            raise ModelUnavailableError("The parse head is still starting.", code="model_warming")
+        if info.needs_table_bboxes and not request.table_bboxes:
+            raise InvalidRequestError(
+                "This model needs table_bboxes (pixel boxes of the tables, e.g. from /v1/detect).",
+                code="missing_required_parameter",
+                param="table_bboxes",
+            )
+        image = await asyncio.to_thread(decode_image, request.image)
+        options = ParseOptions(
+            max_new_tokens=request.max_new_tokens,
+            table_bboxes=request.table_bboxes if info.needs_table_bboxes else [],
+        )
+        output = await self.engine.parse(image, options)
+        return ParseHeadResult(field=info.field, value=output.value)
+
+
+def _log_ready(kind: str, model_id: str) -> None:
+    logger.info("%s head %s ready", kind, model_id)
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0.25})
+class DetectHead:
+    """Ray Serve replica hosting one detect engine; the engine comes from a factory."""
+
+    async def __init__(  # type: ignore[misc]  # Ray Serve awaits async constructors
+        self, model_id: str, backend: str, engine_config: dict[str, Any]
+    ) -> None:
+        from deployments.engines.document_factory import build_detect_engine
+
+        self.core = DetectHeadCore(build_detect_engine(backend, engine_config))
+        await self.core.start()
+        _log_ready("detect", model_id)
+
+    async def detect(self, request: DetectHeadRequest) -> DetectHeadReply:
+        return await self.core.detect(request)
+
+    async def check_health(self) -> None:
+        await self.core.engine.check_health()
+
+    async def __del__(self) -> None:
+        await self.core.engine.shutdown()
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0.25})
+class ParseHead:
+    """Ray Serve replica hosting one parse engine; the engine comes from a factory."""
+
+    async def __init__(  # type: ignore[misc]  # Ray Serve awaits async constructors
+        self, model_id: str, backend: str, engine_config: dict[str, Any]
+    ) -> None:
+        from deployments.engines.document_factory import build_parse_engine
+
+        self.core = ParseHeadCore(build_parse_engine(backend, engine_config))
+        await self.core.start()
+        _log_ready("parse", model_id)
+
+    async def parse(self, request: ParseHeadRequest) -> ParseHeadReply:
+        return await self.core.parse(request)
+
+    async def check_health(self) -> None:
+        await self.core.engine.check_health()
+
+    async def __del__(self) -> None:
+        await self.core.engine.shutdown()

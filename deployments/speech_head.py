@@ -1,0 +1,107 @@
+"""The speech head: one Ray Serve deployment per speech model of the catalog.
+
+``SpeechHeadCore`` holds the head's rules (voice check, emotion tags removed
+for engines that cannot perform them, conversion to the spec's WAV) as plain
+async Python, so the gateway's tests run it in-process; ``SpeechHead`` is the
+thin Ray Serve wrapper. Synthesis and encoding run in worker threads (the
+engine contract), so a replica keeps serving health checks and queues further
+requests while a long text is spoken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from ray import serve
+
+from deployments.audio_protocol import SpeechHeadReply, SpeechHeadRequest, SpeechHeadResult
+from deployments.engines.audio_base import (
+    SPEC_VOICES,
+    SpeechEngine,
+    SpeechEngineInfo,
+    strip_emotion_tags,
+)
+from deployments.head_protocol import HeadFailure
+from serve_app.protocol.errors import (
+    GatewayError,
+    InvalidRequestError,
+    ModelUnavailableError,
+    UpstreamError,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class SpeechHeadCore:
+    """Validation and WAV encoding around one ``SpeechEngine``."""
+
+    def __init__(self, engine: SpeechEngine) -> None:
+        self.engine = engine
+        self.info: SpeechEngineInfo | None = None
+
+    async def start(self) -> SpeechEngineInfo:
+        info = await self.engine.start()
+        missing = [v for v in SPEC_VOICES if v not in info.voices]
+        if missing:
+            raise RuntimeError(f"speech engine maps no voice for {', '.join(missing)}")
+        self.info = info
+        return info
+
+    async def synthesize(self, request: SpeechHeadRequest) -> SpeechHeadReply:
+        """The WAV for ``request``, or a ``HeadFailure`` carrying the spec's status."""
+        try:
+            return await self._synthesize(request)
+        except GatewayError as err:
+            return HeadFailure.from_error(err)
+        except Exception as err:
+            logger.exception("speech synthesis failed for %s", request.request_id)
+            return HeadFailure.from_error(UpstreamError(f"The speech model failed: {err}"))
+
+    async def _synthesize(self, request: SpeechHeadRequest) -> SpeechHeadResult:
+        from deployments.engines.audio_io import to_wire_wav
+
+        info = self.info
+        if info is None:
+            raise ModelUnavailableError("The speech head is still starting.", code="model_warming")
+        if request.voice not in info.voices:
+            raise InvalidRequestError(
+                f"Unknown voice '{request.voice}'; use one of {', '.join(info.voices)}.",
+                code="invalid_value",
+                param="voice",
+            )
+        text = request.text if info.emotion_tags else strip_emotion_tags(request.text)
+        if not text.strip():
+            raise InvalidRequestError(
+                "The input has no speakable text once emotion tags are removed.",
+                code="invalid_value",
+                param="input",
+            )
+        audio = await self.engine.synthesize(text, request.voice)
+        wav, seconds = await asyncio.to_thread(to_wire_wav, audio.samples, audio.sample_rate)
+        return SpeechHeadResult(wav=wav, seconds=seconds, voice=info.voices[request.voice])
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0.5})
+class SpeechHead:
+    """Ray Serve replica hosting one speech engine; the engine comes from a factory."""
+
+    async def __init__(  # type: ignore[misc]  # Ray Serve awaits async constructors
+        self, model_id: str, backend: str, engine_config: dict[str, Any]
+    ) -> None:
+        from deployments.engines.audio_factory import build_speech_engine
+
+        self.model_id = model_id
+        self.core = SpeechHeadCore(build_speech_engine(backend, engine_config))
+        info = await self.core.start()
+        logger.info("speech head %s ready (%d Hz source)", model_id, info.sample_rate)
+
+    async def synthesize(self, request: SpeechHeadRequest) -> SpeechHeadReply:
+        return await self.core.synthesize(request)
+
+    async def check_health(self) -> None:
+        await self.core.engine.check_health()
+
+    async def __del__(self) -> None:
+        await self.core.engine.shutdown()

@@ -1,0 +1,173 @@
+"""Turn an ``Authorization`` header into a ``Principal`` (spec section 5).
+
+Every inference request passes through ``authenticate``, so verified keys are
+cached by hash for ``auth_cache_seconds``: the database sees one lookup per key
+per interval and replica, not one per request. The price is that a revocation
+(or a flag change) takes effect after at most that interval. Failures are never
+cached, so a key works the moment it is created.
+
+All four 401 cases share the code ``invalid_api_key`` as the spec requires;
+only the message differs, to tell a client what to fix.
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import NoReturn, Protocol
+
+from serve_app.auth.accounts import StoredKey
+from serve_app.auth.keys import KEY_BODY_LENGTH, KEY_PREFIX, looks_like_key
+from serve_app.auth.principal import Principal
+from serve_app.protocol.errors import AuthenticationError, PermissionDeniedError
+from serve_app.settings import GatewaySettings
+
+DEFAULT_CACHE_ENTRIES = 10_000
+
+
+class KeyLookup(Protocol):
+    """The part of ``AccountStore`` authentication needs."""
+
+    def hash(self, raw_key: str) -> str: ...
+
+    def find_key(self, key_hash: str) -> StoredKey | None: ...
+
+
+class _TTLCache:
+    """A thread-safe, size-bounded map whose entries expire ``ttl`` seconds after insertion."""
+
+    def __init__(self, ttl: float, max_entries: int, clock: Callable[[], float]) -> None:
+        self._ttl = ttl
+        self._max_entries = max_entries
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, tuple[float, Principal]] = OrderedDict()
+
+    def get(self, key: str) -> Principal | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            expires_at, principal = entry
+            if self._clock() >= expires_at:
+                del self._entries[key]
+                return None
+            self._entries.move_to_end(key)
+            return principal
+
+    def put(self, key: str, principal: Principal) -> None:
+        if self._ttl <= 0 or self._max_entries <= 0:
+            return
+        with self._lock:
+            self._entries[key] = (self._clock() + self._ttl, principal)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self._max_entries:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+def _invalid(message: str) -> AuthenticationError:
+    return AuthenticationError(message, code="invalid_api_key")
+
+
+class AuthService:
+    """Authenticates API keys and checks what an authenticated key may do.
+
+    ``clock`` is injectable so tests can move time past the cache TTL.
+    """
+
+    def __init__(
+        self,
+        store: KeyLookup,
+        settings: GatewaySettings,
+        *,
+        max_cache_entries: int = DEFAULT_CACHE_ENTRIES,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._cache = _TTLCache(settings.auth_cache_seconds, max_cache_entries, clock)
+
+    def cached(self, authorization_header: str | None) -> Principal | None:
+        """The caller if its key was verified within the TTL, without touching the database.
+
+        Cheap enough for the event loop (a hash and a dict lookup), so the hot
+        path skips the thread hop that a database lookup needs. ``None`` means
+        "ask ``authenticate``", including for every malformed header.
+        """
+        try:
+            raw_key = _bearer_token(authorization_header)
+        except AuthenticationError:
+            return None
+        return self._cache.get(self._store.hash(raw_key))
+
+    def authenticate(self, authorization_header: str | None) -> Principal:
+        """The caller behind ``Authorization: Bearer <key>``, or ``AuthenticationError`` (401)."""
+        raw_key = _bearer_token(authorization_header)
+        key_hash = self._store.hash(raw_key)
+        cached = self._cache.get(key_hash)
+        if cached is not None:
+            return cached
+        stored = self._store.find_key(key_hash)
+        if stored is None or not hmac.compare_digest(stored.key_hash, key_hash):
+            raise _invalid("Incorrect API key provided.")
+        if stored.revoked_at is not None:
+            raise _invalid("This API key has been revoked.")
+        if stored.principal is None:
+            raise _invalid("This API key's user is no longer a member of its organization.")
+        self._cache.put(key_hash, stored.principal)
+        return stored.principal
+
+    def forget_cached(self) -> None:
+        """Drop every cached key, e.g. right after an operator revokes keys in-process."""
+        self._cache.clear()
+
+    @staticmethod
+    def require_scope(principal: Principal, scope: str) -> None:
+        """403 ``insufficient_scope`` unless the key was granted ``scope``.
+
+        The message names no scope: the spec keeps scope names unpublished.
+        """
+        if scope not in principal.scopes:
+            raise PermissionDeniedError(
+                "This API key is not allowed to use this route.", code="insufficient_scope"
+            )
+
+    @staticmethod
+    def require_session(principal: Principal | None = None) -> NoReturn:
+        """403 ``session_required``: for credential, org, billing and admin routes.
+
+        Spec section 5.4 reserves those operations for dashboard sessions. The
+        gateway has no browser sessions yet, so every caller reaching such a
+        route holds an API key and is refused; when sessions arrive this
+        becomes a real check.
+        """
+        raise PermissionDeniedError(
+            "This operation requires a dashboard session; API keys cannot perform it.",
+            code="session_required",
+        )
+
+
+def _bearer_token(header: str | None) -> str:
+    """The key part of a Bearer header, refusing anything not shaped like a key."""
+    if header is None or not header.strip():
+        raise _invalid(
+            "Missing API key: send it as 'Authorization: Bearer <API key>'.",
+        )
+    parts = header.split()
+    if len(parts) != 2 or parts[0].lower() != "bearer":
+        raise _invalid(
+            "Malformed Authorization header: expected 'Bearer <API key>'.",
+        )
+    token = parts[1]
+    if not looks_like_key(token):
+        raise _invalid(
+            f"Malformed API key: keys start with '{KEY_PREFIX}' followed by "
+            f"{KEY_BODY_LENGTH} letters and digits.",
+        )
+    return token

@@ -1,0 +1,111 @@
+"""Prices from the catalog applied to usage.
+
+- fixed: the list prices as written.
+- spot: the list price is the spot price of the model's GPU class; it is scaled
+  by the model-class coefficient (``spot_multiplier``), as published in the
+  catalog (``spot_multiplier`` beside the list price).
+- external: the list prices as written (the provider's price passed on).
+
+Cached prompt tokens are billed like any prompt token (spec 2.7). Web searches
+and code-interpreter seconds are recorded as quantities; the catalog has no
+unit price for them yet, so they add nothing to ``cost``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from serve_app.billing.records import PriceApplied, UsageQuantities, UsageRecord, UsageStatus
+from serve_app.catalog.config import PricingConfig
+
+COST_DECIMALS = 10
+
+
+def price_applied(pricing: PricingConfig) -> PriceApplied:
+    """The catalog's price as recorded with each request."""
+    return PriceApplied(
+        currency=pricing.currency,
+        pricing_mode=pricing.mode,
+        input_per_mtok=pricing.input_per_mtok,
+        output_per_mtok=pricing.output_per_mtok,
+        per_image=pricing.per_image,
+        per_audio_second=pricing.per_audio_second,
+        spot_multiplier=pricing.spot_multiplier if pricing.mode == "spot" else None,
+    )
+
+
+@dataclass(frozen=True)
+class ToolPrices:
+    """Platform prices of server tools (config ``tools:``), the same for every model."""
+
+    per_search: float = 0.0
+    per_code_second: float = 0.0
+
+
+NO_TOOL_PRICES = ToolPrices()
+
+
+def cost_of(
+    price: PriceApplied, usage: UsageQuantities, tools: ToolPrices = NO_TOOL_PRICES
+) -> float:
+    """What ``usage`` costs at ``price``, in ``price.currency``.
+
+    Tool use is added after the spot coefficient: searches and sandbox seconds
+    are not GPU work, so the model class does not scale them.
+    """
+    amount = (
+        usage.prompt_tokens * price.input_per_mtok / 1_000_000
+        + usage.completion_tokens * price.output_per_mtok / 1_000_000
+        + usage.images * (price.per_image or 0.0)
+        + usage.audio_seconds * (price.per_audio_second or 0.0)
+    )
+    if price.pricing_mode == "spot" and price.spot_multiplier is not None:
+        amount *= price.spot_multiplier
+    amount += usage.web_searches * tools.per_search + usage.code_seconds * tools.per_code_second
+    return round(amount, COST_DECIMALS)
+
+
+def build_record(
+    *,
+    request_id: str,
+    created_at: datetime,
+    user_id: str,
+    key_id: str,
+    org_id: str,
+    model: str,
+    route: str,
+    status: UsageStatus,
+    usage: UsageQuantities,
+    pricing: PricingConfig,
+    tool_prices: ToolPrices = NO_TOOL_PRICES,
+) -> UsageRecord:
+    """A ledger record with the price applied now."""
+    price = price_applied(pricing)
+    return UsageRecord(
+        request_id=request_id,
+        created_at=created_at,
+        user_id=user_id,
+        key_id=key_id,
+        org_id=org_id,
+        model=model,
+        route=route,
+        status=status,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cached_tokens=usage.cached_tokens,
+        reasoning_tokens=usage.reasoning_tokens,
+        requests=usage.requests,
+        web_searches=usage.web_searches,
+        code_seconds=usage.code_seconds,
+        images=usage.images,
+        audio_seconds=usage.audio_seconds,
+        currency=price.currency,
+        pricing_mode=price.pricing_mode,
+        input_per_mtok=price.input_per_mtok,
+        output_per_mtok=price.output_per_mtok,
+        per_image=price.per_image,
+        per_audio_second=price.per_audio_second,
+        spot_multiplier=price.spot_multiplier,
+        cost=cost_of(price, usage, tool_prices),
+    )

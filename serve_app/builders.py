@@ -1,0 +1,82 @@
+"""Serve config entry point: ``import_path: serve_app.builders:build_gateway_app``.
+
+Builds one head deployment per own-fleet catalog model (chat, speech,
+transcription) and the gateway ingress bound to their handles, so the Ray
+dashboard shows the gateway and one deployment per model.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ray.serve import Application
+
+from deployments.chat_head import ChatHead
+from deployments.document_head import DetectHead, ParseHead
+from deployments.engines.audio_factory import is_known_backend
+from deployments.engines.document_factory import is_known_document_backend
+from deployments.speech_head import SpeechHead
+from deployments.transcription_head import TranscriptionHead
+from serve_app.catalog.config import CatalogModel
+from serve_app.config import GatewayAppArgs
+from serve_app.ingress.deployment import Gateway
+
+logger = logging.getLogger(__name__)
+
+HEAD_DEPLOYMENTS: dict[str, Any] = {
+    "chat": ChatHead,
+    "speech": SpeechHead,
+    "transcription": TranscriptionHead,
+    "detect": DetectHead,
+    "parse": ParseHead,
+}
+"""Head kind -> its Ray Serve deployment; kinds not listed are catalog-only for now."""
+
+
+def head_application(
+    model: CatalogModel, max_audio_seconds: float | None = None
+) -> Application | None:
+    """The bound head deployment for one model, or None where no head runs here."""
+    if model.is_external:
+        return None
+    if model.head not in HEAD_DEPLOYMENTS:
+        logger.warning("no head implementation for %s models yet; %s skipped", model.head, model.id)
+        return None
+    known = is_known_document_backend if model.head in ("detect", "parse") else is_known_backend
+    if model.head != "chat" and not known(model.head, model.engine.backend):
+        raise ValueError(
+            f"{model.id}: '{model.engine.backend}' is not a {model.head} engine backend."
+        )
+    spec = model.deployment
+    options: dict[str, Any] = {
+        "name": model.deployment_name(),
+        "max_ongoing_requests": spec.max_ongoing_requests,
+        "ray_actor_options": spec.ray_actor_options,
+        "health_check_period_s": spec.health_check_period_s,
+        "health_check_timeout_s": spec.health_check_timeout_s,
+    }
+    if spec.autoscaling_config is not None:
+        options["autoscaling_config"] = spec.autoscaling_config
+    else:
+        options["num_replicas"] = spec.num_replicas
+    head = HEAD_DEPLOYMENTS[model.head].options(**options)
+    if model.head == "transcription" and max_audio_seconds is not None:
+        return head.bind(model.id, model.engine.backend, model.engine.config, max_audio_seconds)
+    return head.bind(model.id, model.engine.backend, model.engine.config)
+
+
+def build_gateway_app(args: dict[str, Any]) -> Application:
+    """Validate ``args`` (pydantic) and bind the gateway with its heads."""
+    config = GatewayAppArgs.model_validate(args)
+    heads: dict[str, Application] = {}
+    for model in config.catalog:
+        app = head_application(model, config.audio.max_audio_seconds)
+        if app is not None:
+            heads[model.id] = app
+    ingress = config.ingress
+    return Gateway.options(  # type: ignore[attr-defined]
+        num_replicas=ingress.num_replicas,
+        max_ongoing_requests=ingress.max_ongoing_requests,
+        ray_actor_options=ingress.ray_actor_options,
+    ).bind(config.model_dump(mode="json"), heads)

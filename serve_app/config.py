@@ -1,0 +1,211 @@
+"""Typed arguments of the gateway application (the ``args:`` of a Serve config).
+
+``serve deploy configs/local.yaml`` hands the YAML's ``args`` to
+``serve_app.builders.build_gateway_app``, which validates them here first:
+``extra="forbid"`` everywhere so a typo fails the deploy with a clear message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from serve_app.catalog.config import CatalogModel
+from serve_app.dedicated.options import DedicatedOptions
+from serve_app.tools.config import ToolsOptions
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class IngressOptions(_Strict):
+    """Ray Serve options of the stateless gateway ingress."""
+
+    num_replicas: int = Field(default=1, ge=1, description="Gateway replicas (stateless).")
+    max_ongoing_requests: int = Field(default=256, ge=1, description="Admission per replica.")
+    ray_actor_options: dict[str, Any] = Field(
+        default_factory=lambda: {"num_cpus": 0.5}, description="Resources per gateway replica."
+    )
+
+
+class TimeoutOptions(_Strict):
+    first_event_s: float = Field(
+        default=120.0, gt=0, description="Wait for a head's first event before a 504."
+    )
+    idle_s: float = Field(default=60.0, gt=0, description="Longest gap between stream events.")
+
+
+class ImageOptions(_Strict):
+    max_bytes: int = Field(default=8 * 1024 * 1024, ge=1, description="Per image.")
+    max_fetched_urls: int = Field(default=8, ge=0, description="Remote image URLs per request.")
+    fetch_timeout_s: float = Field(default=10.0, gt=0, description="Per remote image.")
+    allow_private_hosts: bool = Field(
+        default=False, description="Allow fetching from private/loopback addresses (tests only)."
+    )
+
+
+class DocumentOptions(_Strict):
+    """Detect and parse routes (spec 4.10, 4.11)."""
+
+    detect_timeout_s: float = Field(
+        default=120.0, gt=0, description="Wait for a detect head's regions before a 504."
+    )
+    parse_timeout_s: float = Field(
+        default=300.0, gt=0, description="Wait for a parse head's result before a 504."
+    )
+    default_max_new_tokens: int = Field(
+        default=512, ge=1, description="max_new_tokens bound of parse models without one."
+    )
+
+
+class AudioOptions(_Strict):
+    """Speech and transcription routes (spec 4.4, 4.5, 8)."""
+
+    speech_timeout_s: float = Field(
+        default=300.0, gt=0, description="Wait for a speech head's WAV before a 504."
+    )
+    transcription_timeout_s: float = Field(
+        default=300.0, gt=0, description="Wait for a transcription head's text before a 504."
+    )
+    max_file_bytes: int = Field(
+        default=25 * 1024 * 1024,
+        ge=1,
+        description="Largest transcription file (spec 8: 25 MB, read as 25 MiB); 413 above.",
+    )
+    multipart_overhead_bytes: int = Field(
+        default=1024 * 1024,
+        ge=0,
+        description="Body allowance beyond max_file_bytes for multipart framing and fields.",
+    )
+    max_audio_seconds: float = Field(
+        default=4 * 3600.0,
+        gt=0,
+        description="Longest decoded upload a transcription head accepts (a small "
+        "compressed file can expand to hours of samples).",
+    )
+
+
+class LimitsOptions(_Strict):
+    """Platform-wide rate limits (spec 8): defaults for users without their own values.
+
+    Keys and users carry their own RPM/TPM/daily values in the database
+    (``gateway keys create --rpm``, ``gateway users update``); these apply to a
+    user who has none. ``None`` everywhere (the default) means unlimited.
+    """
+
+    rpm: int | None = Field(
+        default=None, ge=1, description="Default requests per minute per user; None: unlimited."
+    )
+    tpm: int | None = Field(
+        default=None, ge=1, description="Default tokens per minute per user; None: unlimited."
+    )
+    daily_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Default daily token quota per user (resets at midnight UTC); None: none.",
+    )
+    window_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Sliding window of rpm/tpm in seconds; the spec's minute. Change only "
+        "for benchmarks.",
+    )
+    redis_prefix: str = Field(
+        default="gw",
+        pattern=r"^[A-Za-z0-9_.:-]+$",
+        description="Prefix of every counter key in Redis (GATEWAY_REDIS_URL); lets "
+        "deployments share one Redis.",
+    )
+    fail_open: bool = Field(
+        default=True,
+        description="When the counter store is unreachable: serve without limits (true, "
+        "logged) or answer 503 (false).",
+    )
+
+
+class LedgerOptions(_Strict):
+    """The usage ledger: a local spool flushed in batches to the SQL database."""
+
+    enabled: bool = Field(default=True, description="Record usage (one row per request).")
+    spool_dir: str | None = Field(
+        default=None,
+        description="Folder of the durable spool; default <GATEWAY_STATE_DIR>/ledger-spool. "
+        "Must be local disk that survives a replica restart.",
+    )
+    flush_interval_s: float = Field(
+        default=1.0, gt=0, description="How often spooled records are committed to SQL."
+    )
+    batch_size: int = Field(
+        default=500, ge=1, description="Records that trigger a flush before the interval."
+    )
+    fsync: bool = Field(
+        default=False,
+        description="fsync each record: also survives a machine crash, at disk latency per "
+        "request (a flushed write already survives a process crash).",
+    )
+
+
+class GatewayAppArgs(_Strict):
+    """Everything ``build_gateway_app`` needs; mirrors the ``args:`` block."""
+
+    catalog: list[CatalogModel] = Field(default_factory=list, description="Models declared inline.")
+    catalog_files: list[str] = Field(
+        default_factory=list,
+        description="YAML files with a `models:` list; relative paths are from the repo root.",
+    )
+    ingress: IngressOptions = Field(default_factory=IngressOptions)
+    timeouts: TimeoutOptions = Field(default_factory=TimeoutOptions)
+    images: ImageOptions = Field(default_factory=ImageOptions)
+    max_body_bytes: int = Field(
+        default=32 * 1024 * 1024, ge=1024, description="Default request body limit (413 above)."
+    )
+    readiness_refresh_s: float = Field(
+        default=2.0, gt=0, description="How often each gateway replica reads Serve's status."
+    )
+    audio: AudioOptions = Field(
+        default_factory=AudioOptions, description="Speech and transcription routes."
+    )
+    documents: DocumentOptions = Field(
+        default_factory=DocumentOptions, description="Detect and parse routes."
+    )
+    tools: ToolsOptions = Field(
+        default_factory=ToolsOptions,
+        description="Server tools: search provider, fetch limits, code sandbox.",
+    )
+    limits: LimitsOptions = Field(
+        default_factory=LimitsOptions, description="Platform default rate limits and quota."
+    )
+    ledger: LedgerOptions = Field(
+        default_factory=LedgerOptions, description="Usage ledger spool and flushing."
+    )
+    dedicated: DedicatedOptions = Field(
+        default_factory=DedicatedOptions,
+        description="Dedicated endpoints: rate card, caps, presets, per-model offer.",
+    )
+
+    @model_validator(mode="after")
+    def _load_files(self) -> GatewayAppArgs:
+        models = list(self.catalog)
+        for name in self.catalog_files:
+            models.extend(load_catalog_file(name))
+        ids = [m.id for m in models]
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate catalog ids: {', '.join(duplicates)}")
+        self.catalog = models
+        self.catalog_files = []
+        return self
+
+
+def load_catalog_file(name: str) -> list[CatalogModel]:
+    path = Path(name)
+    if not path.is_absolute():
+        path = REPO_ROOT / path
+    data = yaml.safe_load(path.read_text()) or {}
+    return [CatalogModel.model_validate(entry) for entry in data.get("models", [])]

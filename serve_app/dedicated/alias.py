@@ -1,0 +1,42 @@
+"""Names of dedicated endpoints: the ``ded/<slug>`` alias and the Serve app it runs as.
+
+Kept free of every other gateway import so any route (the responses route
+refuses aliases, spec 4.3) can ask ``is_dedicated_alias`` without pulling in
+the dedicated machinery.
+"""
+
+from __future__ import annotations
+
+import re
+
+ALIAS_PREFIX = "ded/"
+APP_PREFIX = "ded-"
+SLUG_PATTERN = r"^[a-z0-9-]{3,24}$"
+_SLUG = re.compile(SLUG_PATTERN)
+
+
+def is_dedicated_alias(model: str) -> bool:
+    """Whether a request's ``model`` names a dedicated endpoint (``ded/<slug>``)."""
+    return model.startswith(ALIAS_PREFIX)
+
+
+def alias_for(slug: str) -> str:
+    return f"{ALIAS_PREFIX}{slug}"
+
+
+def slug_of(alias: str) -> str | None:
+    """The slug of a well-formed alias, else None (an alias that can never exist)."""
+    if not is_dedicated_alias(alias):
+        return None
+    slug = alias[len(ALIAS_PREFIX) :]
+    return slug if _SLUG.fullmatch(slug) else None
+
+
+def app_name_for(slug: str) -> str:
+    """The Ray Serve application of an endpoint; the reconciler owns every ``ded-*`` app."""
+    return f"{APP_PREFIX}{slug}"
+
+
+def is_dedicated_app(app_name: str) -> bool:
+    """Apps the reconciler may delete; anything else (the ops config's apps) is never touched."""
+    return app_name.startswith(APP_PREFIX)

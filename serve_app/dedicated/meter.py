@@ -1,0 +1,174 @@
+"""Replica lifetimes from Serve's state: the billed minutes of dedicated endpoints.
+
+Spec 1: minutes accrue from the moment a replica holds its GPU, boot and
+weight loading included, until it is released. Serve reports, per replica,
+its ``start_time_s`` (when the controller asked Ray for the actor) and a
+``node_id`` once the actor is allocated on a node. Between the two, the actor
+is either starting its worker process on a node that already granted its
+resources (seconds) or waiting for capacity that does not exist yet (an
+autoscaler launching a node: minutes). So a life opens at the first
+observation with a node and is dated:
+
+- at ``start_time_s`` when the replica was never seen unplaced for longer than
+  ``PLACEMENT_GRACE`` (process start-up: the resources were held);
+- else at the last observation that still saw it unplaced (it was waiting for
+  capacity, which bills nothing).
+
+A life closes at the first observation where the replica is gone. Replicas
+that lived and died between two observations (a constructor that raises at
+once) are taken from Serve's ``recent_dead_replicas`` so failed boots are
+billed and shown too. Precision is one reconcile period (2 s by default).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from serve_app.dedicated.backend import AppObservation, AppSpec, ReplicaObservation
+from serve_app.dedicated.store import DedicatedStore, EndpointRow, ReplicaEvent
+
+logger = logging.getLogger(__name__)
+
+PLACEMENT_GRACE = timedelta(seconds=15)
+_STATES = {
+    "STARTING": "booting",
+    "UPDATING": "running",
+    "RECOVERING": "booting",
+    "RUNNING": "running",
+    "PENDING_MIGRATION": "running",
+    "STOPPING": "draining",
+}
+
+
+@dataclass(frozen=True)
+class Watched:
+    """An endpoint whose app the meter reads: its row and the spec it should run."""
+
+    row: EndpointRow
+    spec: AppSpec | None
+
+
+def _started(replica: ReplicaObservation, now: datetime) -> datetime:
+    if replica.start_time_s is None:
+        return now
+    return min(now, datetime.fromtimestamp(replica.start_time_s, UTC))
+
+
+class ReplicaMeter:
+    """Opens, updates and closes ``dedicated_replicas`` rows from observations."""
+
+    def __init__(self, store: DedicatedStore) -> None:
+        self.store = store
+        self._last_seen_at: datetime | None = None
+        self._unplaced_since: dict[str, datetime] = {}
+
+    def record(
+        self,
+        observed: Mapping[str, AppObservation],
+        watched: Mapping[str, Watched],
+        now: datetime,
+    ) -> None:
+        """One reconcile's observations; ``watched`` maps app name -> endpoint."""
+        open_events = self.store.open_events()
+        seen: set[tuple[str, str]] = set()
+        for app_name, obs in observed.items():
+            entry = watched.get(app_name)
+            if entry is None:
+                continue
+            for replica in obs.replicas:
+                key = (entry.row.id, replica.replica_id)
+                event = open_events.get(key) or self._open(entry, replica, now)
+                if event is not None:
+                    seen.add(key)
+                    self._update(event, replica, now)
+            self._short_lives(entry, obs, open_events, now)
+        for key, event in open_events.items():
+            if key not in seen:
+                self._close(event, now)
+        live = {r.replica_id for obs in observed.values() for r in obs.replicas}
+        self._unplaced_since = {k: v for k, v in self._unplaced_since.items() if k in live}
+        self._last_seen_at = now
+
+    def _open(
+        self, entry: Watched, replica: ReplicaObservation, now: datetime
+    ) -> ReplicaEvent | None:
+        if replica.state not in _STATES or replica.state == "STOPPING":
+            return None
+        if replica.node_id is None:  # not allocated yet: see the module docstring
+            self._unplaced_since.setdefault(replica.replica_id, now)
+            return None
+        start = _started(replica, now)
+        waited_since = self._unplaced_since.pop(replica.replica_id, None)
+        waited = waited_since is not None and now - min(start, waited_since) > PLACEMENT_GRACE
+        if waited and self._last_seen_at is not None:
+            start = max(start, self._last_seen_at)  # it was waiting for capacity
+        event = self._event(entry, replica, start)
+        self.store.add_event(event)
+        logger.info("replica %s of %s placed", replica.replica_id, entry.row.alias)
+        return event
+
+    def _event(self, entry: Watched, replica: ReplicaObservation, start: datetime) -> ReplicaEvent:
+        cls = entry.spec.capacity_class_of(replica.deployment) if entry.spec else None
+        return ReplicaEvent(
+            endpoint_id=entry.row.id,
+            replica_id=replica.replica_id,
+            deployment=replica.deployment,
+            capacity_class=cls or ("reserved" if entry.row.mode == "reserved" else "spot"),
+            gpu_type=entry.row.gpu_type,
+            state="booting",
+            version=entry.row.deploy_version,
+            cards=entry.row.cards_per_replica,
+            scaled_up_at=start,
+        )
+
+    def _short_lives(
+        self,
+        entry: Watched,
+        obs: AppObservation,
+        open_events: Mapping[tuple[str, str], ReplicaEvent],
+        now: datetime,
+    ) -> None:
+        """Allocated replicas that died between two observations: billed and shown as failed."""
+        recent = now - PLACEMENT_GRACE * 4
+        candidates = [
+            r
+            for r in obs.dead_replicas
+            if r.node_id is not None
+            and (entry.row.id, r.replica_id) not in open_events
+            and _started(r, now) >= recent
+        ]
+        if not candidates:
+            return
+        known = self.store.known_replicas(entry.row.id, [r.replica_id for r in candidates])
+        for replica in candidates:
+            if replica.replica_id in known:
+                continue
+            event = self._event(entry, replica, _started(replica, now))
+            self.store.add_event(event)
+            self._close(event, now)
+
+    def _update(self, event: ReplicaEvent, replica: ReplicaObservation, now: datetime) -> None:
+        values: dict[str, object] = {}
+        state = _STATES.get(replica.state, event.state)
+        if state != event.state:
+            values["state"] = state
+        if replica.state == "RUNNING" and event.ready_at is None:
+            values["ready_at"] = now
+        if replica.state == "STOPPING" and event.drain_requested_at is None:
+            values["drain_requested_at"] = now
+        if values:
+            self.store.update_event(event, **values)
+
+    def _close(self, event: ReplicaEvent, now: datetime) -> None:
+        # Never ready and never asked to drain: it died while starting.
+        failed = event.ready_at is None and event.drain_requested_at is None
+        self.store.update_event(
+            event,
+            scaled_down_at=now,
+            state="failed" if failed else "released",
+            error_code="boot_failed" if failed else None,
+        )
+        logger.info("replica %s released", event.replica_id)

@@ -1,0 +1,144 @@
+"""``ServeBackend`` on a real Ray Serve instance, through per-application Python API calls.
+
+Never a declarative config: Serve's REST ``PUT`` (``serve deploy``) replaces the
+whole set of applications, so deploying one endpoint that way would delete
+the ops apps and every other endpoint. ``serve.run(app, name=...)`` and
+``serve.delete(name)`` touch exactly one application. Replica-level state
+(ids, placement, start time) comes from the controller's instance details,
+the same data ``serve status`` and the dashboard show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from enum import Enum
+from typing import Any
+
+from deployments.dedicated_head import ReplicaStats
+from serve_app.dedicated.backend import AppObservation, AppSpec, ReplicaObservation
+from serve_app.dedicated.policy import BURST, HEAD
+from serve_app.inference.head_client import HeadClient, RayHeadClient
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_TIMEOUT_S = 5.0
+
+
+def _text(value: Any) -> str:
+    return str(value.value) if isinstance(value, Enum) else str(value or "")
+
+
+def _deployment(options: dict[str, Any]) -> Any:
+    """``DedicatedHead`` with ``options``, pinned to its code version.
+
+    Serve 2.60 gives every imperative ``serve.run`` a random code version (so every
+    redeploy would restart every replica) and refuses ``version`` from users; the
+    ``_internal`` path is the one its own declarative deploys use to pin it. With the
+    version pinned, an autoscaling or queue change is a lightweight in-place update,
+    while a new engine config (version) or new actor options (capacity class) replace
+    the replicas, which is exactly the live-PATCH vs. redeploy split of the spec.
+    """
+    from deployments.dedicated_head import DedicatedHead
+
+    head: Any = DedicatedHead  # a Serve Deployment (the decorator's type is not seen)
+    opts = dict(options)
+    version = opts.pop("version")
+    return head.options(**opts).options(_internal=True, version=version)
+
+
+def build_application(spec: AppSpec) -> Any:
+    """The bound app: ``head`` as ingress; in hybrid, ``burst`` bound into it as a peer."""
+    by_name = {d.name: d for d in spec.deployments}
+    args = (spec.model_id, spec.backend, spec.engine_config)
+    peers = None
+    if BURST in by_name:
+        peers = _deployment(by_name[BURST].options).bind(*args)
+    return _deployment(by_name[HEAD].options).bind(*args, peers=peers)
+
+
+def _replicas(app: dict[str, Any], key: str) -> tuple[ReplicaObservation, ...]:
+    return tuple(
+        ReplicaObservation(
+            replica_id=str(r.get("replica_id")),
+            deployment=str(dep_name),
+            state=_text(r.get("state")),
+            node_id=r.get("node_id"),
+            start_time_s=r.get("start_time_s"),
+        )
+        for dep_name, dep in (app.get("deployments") or {}).items()
+        for r in dep.get(key) or []
+    )
+
+
+def observations(details: dict[str, Any]) -> dict[str, AppObservation]:
+    """Serve's instance details -> one ``AppObservation`` per application."""
+    return {
+        str(name): AppObservation(
+            name=str(name),
+            status=_text(app.get("status")),
+            message=_text(app.get("message"))[:500],
+            replicas=_replicas(app, "replicas"),
+            dead_replicas=_replicas(app, "recent_dead_replicas"),
+        )
+        for name, app in (details.get("applications") or {}).items()
+    }
+
+
+class RayServeBackend:
+    """The reconciler's and router's access to Serve, from inside a gateway replica."""
+
+    def __init__(self) -> None:
+        self._clients: dict[tuple[str, str], HeadClient] = {}
+
+    def deploy(self, spec: AppSpec) -> None:
+        """Submit one app and return at once (``serve.run`` would wait for its ingress to
+        start, blocking the reconciler for a whole model boot)."""
+        from ray import serve
+
+        target = serve.RunTarget(target=build_application(spec), name=spec.name, route_prefix=None)
+        serve.run_many(
+            [target],
+            wait_for_ingress_deployment_creation=False,
+            wait_for_applications_running=False,
+        )
+
+    def delete(self, app_name: str) -> None:
+        from ray import serve
+
+        serve.delete(app_name, _blocking=False)
+
+    def status(self) -> dict[str, AppObservation]:
+        from ray.serve.context import _get_global_client
+
+        client = _get_global_client()
+        if client is None:
+            raise RuntimeError("Serve is not running")
+        return observations(client.get_serve_details())
+
+    def head_client(self, app_name: str, deployment: str, model_id: str) -> HeadClient:
+        key = (app_name, deployment)
+        client = self._clients.get(key)
+        if client is None:
+            from ray import serve
+
+            handle = serve.get_deployment_handle(deployment, app_name=app_name)
+            client = self._clients[key] = RayHeadClient(model_id, handle)
+        return client
+
+    async def sample(self, app_name: str, deployment: str, replicas: int) -> list[ReplicaStats]:
+        """Counters of up to ``replicas`` distinct running replicas (routing picks them)."""
+        from ray import serve
+
+        handle = serve.get_deployment_handle(deployment, app_name=app_name)
+        found: dict[str, ReplicaStats] = {}
+        for _ in range(max(2, 3 * replicas)):
+            try:
+                stats = await asyncio.wait_for(handle.stats.remote(), SAMPLE_TIMEOUT_S)
+            except Exception:
+                logger.warning("sampling %s/%s failed", app_name, deployment, exc_info=True)
+                break
+            found[stats.replica_id] = stats
+            if len(found) >= replicas:
+                break
+        return list(found.values())

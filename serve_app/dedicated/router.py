@@ -1,0 +1,246 @@
+"""Chat through ``ded/<slug>``: alias resolution, call admission, and per-call telemetry.
+
+Each gateway replica keeps the stored endpoints in memory, re-read every
+``refresh_s`` (a miss is looked up once in the database, so an alias created
+on another replica resolves at once). The catalog asks ``resolve_model`` for
+``ded/*`` ids (a private alias resolves only for its own organization, else
+404 like any unknown model); the text service asks ``head_for`` for the head,
+which answers 503 ``model_warming`` while the endpoint cannot serve and
+otherwise returns a client on the endpoint's own Serve app. That client
+measures the call (outcome, TTFT, latency, cold wait, tokens, the replica
+that served it) into ``dedicated_requests``, written in batches off the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from deployments.dedicated_head import ServedBy
+from deployments.engines.base import GenerationDone, TextDelta
+from deployments.head_protocol import HeadEvent, HeadFailure, HeadRequest
+from serve_app.auth.principal import Principal
+from serve_app.catalog.config import CatalogModel, PricingConfig
+from serve_app.dedicated.alias import app_name_for, is_dedicated_alias, slug_of
+from serve_app.dedicated.backend import ServeBackend
+from serve_app.dedicated.offering import Offerings
+from serve_app.dedicated.options import DedicatedOptions
+from serve_app.dedicated.policy import BURST, HEAD
+from serve_app.dedicated.store import DedicatedStore, EndpointRow
+from serve_app.dedicated.views import admit_call
+from serve_app.inference.head_client import HeadClient
+from serve_app.protocol.errors import GatewayError, model_not_found
+from serve_app.storage.schema import utcnow
+
+logger = logging.getLogger(__name__)
+
+RECHECK_INTERVAL_S = 0.25
+"""A refused call re-reads its endpoint at most this often (the cache may be behind)."""
+
+
+@dataclass
+class CallRecord:
+    """One call's measurements, filled in as its events pass."""
+
+    endpoint_id: str
+    woke: bool
+    at: datetime
+    started: float = field(default_factory=time.monotonic)
+    replica_id: str | None = None
+    first_event: float | None = None
+    first_token: float | None = None
+    ended: float | None = None
+    done: GenerationDone | None = None
+    failed: bool = False
+
+    def observe(self, event: HeadEvent | ServedBy) -> None:
+        now = time.monotonic()
+        if self.first_event is None:
+            self.first_event = now
+        if isinstance(event, ServedBy):
+            self.replica_id = event.replica_id
+        elif isinstance(event, TextDelta) and self.first_token is None:
+            self.first_token = now
+        elif isinstance(event, GenerationDone):
+            self.done, self.ended = event, now
+        elif isinstance(event, HeadFailure):
+            self.failed = True
+
+    def row(self) -> dict[str, Any]:
+        def ms(at: float | None) -> int | None:
+            return None if at is None else int((at - self.started) * 1000)
+
+        if self.done is not None and not self.failed:
+            outcome = "ok"
+        else:
+            outcome = "incomplete" if self.first_token is not None else "error"
+        done = self.done
+        return {
+            "endpoint_id": self.endpoint_id,
+            "at": self.at,
+            "outcome": outcome,
+            "replica_id": self.replica_id,
+            "woke": self.woke,
+            "ttft_ms": ms(self.first_token),
+            "latency_ms": ms(self.ended or time.monotonic()),
+            "cold_wait_ms": ms(self.first_event) if self.woke else None,
+            "cached_tokens": None if done is None else done.cached_tokens,
+            "prompt_tokens": 0 if done is None else done.prompt_tokens,
+            "completion_tokens": 0 if done is None else done.completion_tokens,
+        }
+
+
+class DedicatedHeadClient:
+    """A head client for one call to one endpoint's Serve app."""
+
+    def __init__(self, router: DedicatedRouter, row: EndpointRow, woke: bool) -> None:
+        self.router = router
+        self.row = row
+        self.woke = woke
+
+    async def stream(self, request: HeadRequest) -> AsyncIterator[HeadEvent]:
+        app = app_name_for(self.row.slug)
+        deployment = self.router.pick_deployment(self.row)
+        inner = self.router.backend.head_client(app, deployment, self.row.alias)
+        record = CallRecord(self.row.id, self.woke, at=self.router.clock())
+        key = (app, deployment)
+        self.router.in_flight[key] += 1
+        try:
+            async for event in inner.stream(request):
+                record.observe(event)
+                if not isinstance(event, ServedBy):
+                    yield event
+        finally:
+            self.router.in_flight[key] -= 1
+            self.router.pending_rows.append(record.row())
+
+
+class DedicatedRouter:
+    """Alias -> endpoint cache, admission and head clients for one gateway replica."""
+
+    def __init__(
+        self,
+        store: DedicatedStore,
+        offerings: Offerings,
+        options: DedicatedOptions,
+        backend: ServeBackend,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.store = store
+        self.offerings = offerings
+        self.options = options
+        self.backend = backend
+        self.clock = clock
+        self.in_flight: defaultdict[tuple[str, str], int] = defaultdict(int)
+        self.pending_rows: list[dict[str, Any]] = []
+        self._by_alias: dict[str, EndpointRow] = {}
+        self._rechecked: dict[str, float] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    # ---- cache -------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Re-read every live endpoint and write buffered call records (blocking)."""
+        rows = self.store.list_live()
+        self._by_alias = {row.alias: row for row in rows}
+        self.flush()
+
+    def flush(self) -> None:
+        batch, self.pending_rows = self.pending_rows, []
+        if batch:
+            try:
+                self.store.add_requests(batch)
+            except Exception:
+                logger.warning("dropped %d dedicated call records", len(batch), exc_info=True)
+
+    def remember(self, row: EndpointRow) -> None:
+        """Take a row this replica just wrote, without waiting for the next refresh."""
+        self._by_alias[row.alias] = row
+
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._poll())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        await asyncio.to_thread(self.flush)
+
+    async def _poll(self) -> None:
+        while True:
+            try:
+                await asyncio.to_thread(self.refresh)
+            except Exception:
+                logger.warning("could not refresh dedicated endpoints", exc_info=True)
+            await asyncio.sleep(self.options.refresh_s)
+
+    def row_for(self, alias: str) -> EndpointRow | None:
+        row = self._by_alias.get(alias)
+        if row is None and slug_of(alias) is not None:
+            row = self.store.by_alias(alias)  # rare: created elsewhere since the last refresh
+            if row is not None:
+                self._by_alias[alias] = row
+        return row
+
+    # ---- the hooks of the catalog and the text service -------------------------------
+    def resolve_model(self, model_id: str, principal: Principal) -> CatalogModel | None:
+        """The chat model behind the caller's alias (priced at zero: minutes are billed)."""
+        row = self.row_for(model_id)
+        if row is None or row.org_id != principal.org_id or row.lifecycle == "deleted":
+            return None
+        offering = self.offerings.get(row.model_id)
+        if offering is None:
+            return None
+        return offering.model.model_copy(
+            update={"id": row.alias, "pricing": PricingConfig(mode="fixed")}
+        )
+
+    def head_for(self, model_id: str) -> HeadClient | None:
+        """A client for ``ded/<slug>``, 503 while it cannot serve, None for other ids."""
+        if not is_dedicated_alias(model_id):
+            return None
+        row = self.row_for(model_id)
+        if row is None:
+            raise model_not_found(model_id)
+        try:
+            woke = admit_call(row, self.options.warming_retry_after_s)
+        except GatewayError:
+            # Before refusing, make sure the cache is not just behind the database (the
+            # endpoint may have become ready since the last refresh); throttled per alias.
+            row = self._recheck(row)
+            woke = admit_call(row, self.options.warming_retry_after_s)
+        return DedicatedHeadClient(self, row, woke)
+
+    def _recheck(self, row: EndpointRow) -> EndpointRow:
+        now = time.monotonic()
+        if now - self._rechecked.get(row.alias, 0.0) < RECHECK_INTERVAL_S:
+            return row
+        self._rechecked[row.alias] = now
+        fresh = self.store.by_alias(row.alias)
+        if fresh is None:
+            return row
+        self._by_alias[row.alias] = fresh
+        return fresh
+
+    def pick_deployment(self, row: EndpointRow) -> str:
+        """Hybrid: the reserved floor first, spot burst once the floor is busy."""
+        if row.mode != "hybrid" or row.max_replicas <= row.reserved_floor:
+            return HEAD
+        target = self._target_inputs(row)
+        busy = self.in_flight[(app_name_for(row.slug), HEAD)]
+        return HEAD if busy < row.reserved_floor * target else BURST
+
+    def _target_inputs(self, row: EndpointRow) -> int:
+        if row.scaling is not None and row.scaling.target_inputs is not None:
+            return row.scaling.target_inputs
+        preset = self.options.presets.get(self.options.default_profile)
+        value = preset.policy.target_inputs if preset else None
+        return value or 2

@@ -1,0 +1,206 @@
+"""Turning head events into chat/legacy response bodies and stream chunks.
+
+Non-streamed bodies are collected into ``ChoiceState`` objects, one per
+choice; streamed chunks are built as plain dicts because they are on the hot
+path (one per token) and their shape is fixed (spec 6).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from deployments.engines.base import GenerationDone, TextDelta, ToolCallDelta
+from serve_app.protocol.common import Usage
+
+
+@dataclass
+class ChoiceState:
+    """Everything produced so far for one choice."""
+
+    index: int
+    text: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+
+    def add(self, delta: TextDelta) -> None:
+        if delta.text:
+            self.text.append(delta.text)
+        if delta.reasoning:
+            self.reasoning.append(delta.reasoning)
+        self.tool_calls.extend(delta.tool_calls)
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason
+        self.completion_tokens = max(self.completion_tokens, delta.completion_tokens)
+
+
+@dataclass
+class Collected:
+    """A whole generation gathered from the head."""
+
+    choices: dict[int, ChoiceState] = field(default_factory=dict)
+    done: GenerationDone | None = None
+
+    def add(self, delta: TextDelta) -> None:
+        state = self.choices.get(delta.choice_index)
+        if state is None:
+            state = self.choices[delta.choice_index] = ChoiceState(delta.choice_index)
+        state.add(delta)
+
+    def produced_tokens(self) -> int:
+        """Tokens generated so far, for billing a stream that broke."""
+        return sum(c.completion_tokens for c in self.choices.values())
+
+
+def usage_of(done: GenerationDone) -> Usage:
+    return Usage.build(
+        done.prompt_tokens, done.completion_tokens, done.cached_tokens, done.reasoning_tokens
+    )
+
+
+def chat_completion_body(
+    request_id: str, model: str, collected: Collected, n_choices: int, separate_channel: bool
+) -> dict[str, Any]:
+    assert collected.done is not None
+    choices = []
+    for index in range(n_choices):
+        state = collected.choices.get(index) or ChoiceState(index)
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(state.text)}
+        if separate_channel:
+            reasoning = "".join(state.reasoning)
+            message["reasoning_content"] = reasoning
+            message["reasoning"] = reasoning
+        if state.tool_calls:
+            message["tool_calls"] = [_tool_call(c) for c in state.tool_calls]
+            if not message["content"]:
+                message["content"] = None
+        choices.append(
+            {
+                "index": index,
+                "message": message,
+                "finish_reason": state.finish_reason or "stop",
+                "logprobs": None,
+            }
+        )
+    return {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": usage_of(collected.done).model_dump(exclude_none=True),
+    }
+
+
+def completion_body(
+    request_id: str, model: str, collected: Collected, n_choices: int
+) -> dict[str, Any]:
+    assert collected.done is not None
+    choices = []
+    for index in range(n_choices):
+        state = collected.choices.get(index) or ChoiceState(index)
+        choices.append(
+            {
+                "index": index,
+                "text": "".join(state.text),
+                "finish_reason": state.finish_reason or "stop",
+                "logprobs": None,
+            }
+        )
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": usage_of(collected.done).model_dump(exclude_none=True),
+    }
+
+
+def _tool_call(call: ToolCallDelta) -> dict[str, Any]:
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
+
+
+class ChatChunker:
+    """Builds ``chat.completion.chunk`` dicts for one stream."""
+
+    def __init__(self, request_id: str, model: str, separate_channel: bool) -> None:
+        self.base = {
+            "id": request_id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+        }
+        self.separate_channel = separate_channel
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {**self.base, "choices": choices, **extra}
+
+    def role(self, n_choices: int) -> dict[str, Any]:
+        return self._chunk(
+            [
+                {"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                for i in range(n_choices)
+            ]
+        )
+
+    def delta(self, delta: TextDelta) -> dict[str, Any] | None:
+        body: dict[str, Any] = {}
+        if delta.text:
+            body["content"] = delta.text
+        if delta.reasoning and self.separate_channel:
+            body["reasoning_content"] = delta.reasoning
+            body["reasoning"] = delta.reasoning
+        if delta.tool_calls:
+            body["tool_calls"] = [{"index": c.index, **_tool_call(c)} for c in delta.tool_calls]
+        if not body and delta.finish_reason is None:
+            return None
+        return self._chunk(
+            [{"index": delta.choice_index, "delta": body, "finish_reason": delta.finish_reason}]
+        )
+
+    def usage(self, done: GenerationDone) -> dict[str, Any]:
+        return self._chunk([], usage=usage_of(done).model_dump(exclude_none=True))
+
+    def routing(self, routing: dict[str, Any]) -> dict[str, Any]:
+        """The disclosure chunk of an externally served stream (spec 2.3)."""
+        return self._chunk([], routing=routing)
+
+
+class CompletionChunker:
+    """Builds ``text_completion`` stream chunks (legacy route)."""
+
+    def __init__(self, request_id: str, model: str) -> None:
+        self.base = {
+            "id": request_id,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": model,
+        }
+
+    def role(self, n_choices: int) -> None:
+        return None
+
+    def delta(self, delta: TextDelta) -> dict[str, Any] | None:
+        if not delta.text and delta.finish_reason is None:
+            return None
+        choice = {
+            "index": delta.choice_index,
+            "text": delta.text,
+            "finish_reason": delta.finish_reason,
+            "logprobs": None,
+        }
+        return {**self.base, "choices": [choice]}
+
+    def usage(self, done: GenerationDone) -> dict[str, Any]:
+        return {**self.base, "choices": [], "usage": usage_of(done).model_dump(exclude_none=True)}
+
+    def routing(self, routing: dict[str, Any]) -> dict[str, Any]:
+        return {**self.base, "choices": [], "routing": routing}

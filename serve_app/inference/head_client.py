@@ -1,0 +1,63 @@
+"""How the gateway reaches a head: over a Ray handle, or in-process in tests.
+
+Both clients yield the same ``HeadEvent`` values. The Ray client also maps
+Ray's own failures (no replica, backpressure, a dead actor) to the spec's 503
+and 502 so a route never sees a Ray exception type.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from deployments.chat_head import ChatHeadCore
+from deployments.head_protocol import HeadEvent, HeadRequest
+from serve_app.protocol.errors import ModelUnavailableError, UpstreamError
+
+logger = logging.getLogger(__name__)
+
+
+class HeadClient(Protocol):
+    """A stream of head events for one request."""
+
+    def stream(self, request: HeadRequest) -> AsyncIterator[HeadEvent]: ...
+
+
+class LocalHeadClient:
+    """Calls a ``ChatHeadCore`` in this process (unit tests, benchmarks)."""
+
+    def __init__(self, core: ChatHeadCore) -> None:
+        self.core = core
+
+    def stream(self, request: HeadRequest) -> AsyncIterator[HeadEvent]:
+        return self.core.generate(request)
+
+
+class RayHeadClient:
+    """Calls a ``ChatHead`` deployment through its DeploymentHandle."""
+
+    def __init__(self, model_id: str, handle: Any) -> None:
+        self.model_id = model_id
+        self._handle = handle.options(stream=True)
+
+    async def stream(self, request: HeadRequest) -> AsyncIterator[HeadEvent]:
+        from ray import exceptions as ray_exceptions
+        from ray.serve import exceptions as serve_exceptions
+
+        try:
+            async for event in self._handle.generate.remote(request):
+                yield event
+        except serve_exceptions.BackPressureError:
+            raise ModelUnavailableError(
+                f"Model '{self.model_id}' is at capacity; retry shortly.",
+                headers={"Retry-After": "1"},
+            ) from None
+        except (ray_exceptions.ActorDiedError, ray_exceptions.ActorUnavailableError) as err:
+            logger.warning("head %s replica lost: %s", self.model_id, err)
+            raise ModelUnavailableError(
+                f"Model '{self.model_id}' lost its replica; retry shortly."
+            ) from None
+        except ray_exceptions.RayTaskError as err:
+            logger.error("head %s failed: %s", self.model_id, err)
+            raise UpstreamError(f"Model '{self.model_id}' failed.") from None

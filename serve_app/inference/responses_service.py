@@ -1,0 +1,220 @@
+"""``POST /v1/responses``: validate, open the first turn, run the loop, render (spec 4.3).
+
+Order of checks, as on chat: model (404, 403 external, 400 wrong route or a
+``ded/`` alias), the body rules of 4.3 and the tools (400/403), input items
+and images (400), then the head (errors before any output keep their real
+status) and limits (429). Every request goes through the tool loop, which
+with no server tool is a single turn. Once the response has started, a
+failure of the model is no longer an HTTP error: it ends the response as
+``incomplete`` (``upstream_error``, partial text billed) or ``failed``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from deployments.engines.base import GenerationDone, PromptSpec, SamplingSpec
+from deployments.head_protocol import HeadRequest
+from serve_app.auth.principal import Principal
+from serve_app.catalog.catalog import residency_routing
+from serve_app.catalog.config import CatalogModel
+from serve_app.inference.metering import MeteredRequest, RequestMeta
+from serve_app.inference.responses_input import (
+    check_request_rules,
+    convert_input,
+    convert_tool_choice,
+    flatten_functions,
+    reasoning_kwargs,
+)
+from serve_app.inference.responses_render import ResponseBuilder
+from serve_app.inference.text_service import MeteredStreamingResponse, TextService
+from serve_app.ingress.streaming import SSE_HEADERS, aclose_quietly
+from serve_app.protocol.errors import GatewayError, InvalidRequestError, UpstreamError
+from serve_app.protocol.responses import ResponsesRequest
+from serve_app.tools.chat import response_headers
+from serve_app.tools.declarations import (
+    ServerToolPlan,
+    build_plan,
+    check_entitlements,
+    check_name_clash,
+    split_tools,
+)
+from serve_app.tools.guidance import equip_request
+from serve_app.tools.loop import (
+    AnswerDelta,
+    LoopEvent,
+    ToolCallFinished,
+    ToolCallStarted,
+    ToolLoop,
+)
+from serve_app.tools.runners import ToolBox, ToolRuntime
+
+logger = logging.getLogger(__name__)
+
+
+class _ResponsesRun:
+    """One request through the loop, rendered as a Response or as named events."""
+
+    def __init__(self, loop: ToolLoop, builder: ResponseBuilder, metered: MeteredRequest) -> None:
+        self.builder = builder
+        self.metered = metered
+        self.events: AsyncIterator[LoopEvent] = loop.run()
+
+    async def release(self) -> None:
+        await aclose_quietly(self.events)
+        await self.metered.finish(aborted=True)
+
+    def _frames_for(self, event: LoopEvent) -> list[bytes]:
+        if isinstance(event, ToolCallStarted):
+            return self.builder.tool_started(event.record)
+        if isinstance(event, ToolCallFinished):
+            return self.builder.tool_finished(event.record)
+        if isinstance(event, AnswerDelta):
+            return self.builder.delta(event.delta)
+        return self.builder.finished(event.done, event.finish_reason)
+
+    def _partial_usage(self) -> GenerationDone:
+        quantities = self.metered.usage.quantities(1)
+        return GenerationDone(quantities.prompt_tokens, quantities.completion_tokens)
+
+    async def frames(self) -> AsyncIterator[bytes]:
+        """``response.created`` ... one terminal event; no ``[DONE]`` (spec 6)."""
+        aborted, failure = True, None
+        try:
+            for frame in self.builder.created():
+                yield frame
+            async for event in self.events:
+                for frame in self._frames_for(event):
+                    yield frame
+            aborted = False
+        except GatewayError as err:
+            aborted, failure = False, err
+        except Exception:
+            aborted, failure = False, UpstreamError("The model stream broke.")
+            logger.exception("responses stream failed")
+        finally:
+            await aclose_quietly(self.events)
+            await self.metered.finish(aborted=aborted)
+        if failure is not None:
+            for frame in self.builder.failed(failure, self._partial_usage()):
+                yield frame
+
+    async def body(self) -> dict[str, Any]:
+        aborted = True
+        try:
+            async for event in self.events:
+                self._frames_for(event)
+            aborted = False
+        except GatewayError as err:
+            aborted = False
+            self.builder.failed(err, self._partial_usage())
+        except Exception:
+            aborted = False
+            logger.exception("responses request failed")
+            self.builder.failed(UpstreamError("The model stream broke."), self._partial_usage())
+        finally:
+            await aclose_quietly(self.events)
+            await self.metered.finish(aborted=aborted)
+        return self.builder.response
+
+
+class ResponsesService:
+    """Serves ``POST /v1/responses`` on the chat heads, through the tool loop."""
+
+    def __init__(self, text: TextService, runtime: ToolRuntime) -> None:
+        self.text = text
+        self.runtime = runtime
+
+    async def create(self, body: ResponsesRequest, principal: Principal) -> Any:
+        model = self._resolve(body.model, principal)
+        check_request_rules(body, model)
+        kwargs = reasoning_kwargs(body, model)
+        tool_choice = convert_tool_choice(body.tool_choice)
+        functions, plan = self._tools(body, principal, model)
+        messages = await convert_input(body, model, self.text.images)
+        request = equip_request(
+            self._head_request(body, model, messages, kwargs), plan, functions, tool_choice
+        )
+        meta = RequestMeta(principal, model, "responses", request.request_id, 1)
+        started, events, metered = await self.text.open_turn(meta, request)
+        toolbox = ToolBox(self.runtime, plan) if plan.declared else None
+        loop = ToolLoop(
+            request=request,
+            first_events=events,
+            start_turn=functools.partial(self.text.start_turn, model),
+            metered=metered,
+            toolbox=toolbox,
+            functions=functions,
+        )
+        builder = ResponseBuilder(
+            request.request_id,
+            model.id,
+            body.metadata,
+            separate_channel=model.reasoning.separate_channel,
+            sources=toolbox.sources if toolbox is not None else None,
+        )
+        routing = residency_routing(model)
+        if routing is not None:
+            builder.response["routing"] = routing.model_dump(exclude_none=True)
+        run = _ResponsesRun(loop, builder, metered)
+        headers = response_headers(started.ignored_params, model)
+        if not body.stream:
+            return JSONResponse(await run.body(), headers=headers)
+        return MeteredStreamingResponse(
+            run.frames(),
+            release=run.release,
+            media_type="text/event-stream",
+            headers={**SSE_HEADERS, **headers},
+        )
+
+    def _resolve(self, model_id: str, principal: Principal) -> CatalogModel:
+        if model_id.startswith("ded/"):
+            raise InvalidRequestError(
+                "Dedicated endpoint aliases (ded/<slug>) are not served on /v1/responses; "
+                "use /v1/chat/completions.",
+                code="model_not_supported_for_endpoint",
+                param="model",
+            )
+        return self.text.catalog.resolve(model_id, principal, "chat")
+
+    @staticmethod
+    def _tools(
+        body: ResponsesRequest, principal: Principal, model: CatalogModel
+    ) -> tuple[list[dict[str, Any]], ServerToolPlan]:
+        raw_functions, servers = split_tools(body.tools)
+        indexes = [i for i, t in enumerate(body.tools or []) if t.get("type") == "function"]
+        functions = flatten_functions(raw_functions, indexes)
+        plan = build_plan(servers)
+        check_entitlements(plan, principal, model)
+        check_name_clash(functions, plan)
+        return functions, plan
+
+    @staticmethod
+    def _head_request(
+        body: ResponsesRequest,
+        model: CatalogModel,
+        messages: list[dict[str, Any]],
+        template_kwargs: dict[str, Any],
+    ) -> HeadRequest:
+        prompt = PromptSpec(kind="chat", messages=messages, chat_template_kwargs=template_kwargs)
+        sampling = SamplingSpec(
+            max_tokens=0,  # sized by the head once the prompt is tokenized
+            temperature=body.temperature,
+            top_p=body.top_p,
+            seed=body.seed,
+        )
+        return HeadRequest(
+            request_id=f"resp_{uuid.uuid4().hex}",
+            prompts=[prompt],
+            sampling=sampling,
+            max_tokens=body.max_output_tokens,
+            max_tokens_param="max_output_tokens",
+            max_output_tokens=model.max_output_tokens or 0,
+            prompt_param="input",
+        )

@@ -1,0 +1,308 @@
+"""Chat and legacy completions: resolve, translate, call the head, answer.
+
+Routes stay thin by handing the validated body and the caller to
+``TextService``; this module decides stream vs. JSON and owns the order of
+the checks (catalog -> translation -> readiness -> head -> limits). Limits come
+after the head accepted the prompt because only then is the token count known;
+a 429 closes the head stream, which aborts the generation. Whatever way an
+admitted request ends, its ``MeteredRequest.finish`` runs once (``finally``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from deployments.engines.base import GenerationDone, TextDelta
+from deployments.head_protocol import HeadEvent, HeadFailure, HeadRequest, HeadStarted
+from serve_app.auth.principal import Principal
+from serve_app.catalog.catalog import Catalog, residency_routing
+from serve_app.catalog.config import CatalogModel
+from serve_app.inference.assemble import (
+    ChatChunker,
+    Collected,
+    CompletionChunker,
+    chat_completion_body,
+    completion_body,
+)
+from serve_app.inference.head_client import HeadClient
+from serve_app.inference.images import ImagePolicy
+from serve_app.inference.metering import MeteredRequest, Metering, RequestMeta
+from serve_app.inference.readiness import HeadReadiness
+from serve_app.inference.translate import Translated, translate_chat, translate_completion
+from serve_app.ingress.streaming import (
+    DONE_LINE,
+    SSE_HEADERS,
+    aclose_quietly,
+    open_head_stream,
+    sse_data,
+    sse_error,
+    with_timeouts,
+)
+from serve_app.protocol.chat import ChatCompletionRequest
+from serve_app.protocol.completions import CompletionRequest
+from serve_app.protocol.errors import GatewayError, ModelUnavailableError, UpstreamError
+from serve_app.protocol.models import ResidencyRouting
+
+logger = logging.getLogger(__name__)
+
+IGNORED_PARAMS_HEADER = "x-service-ignored-params"
+RESIDENCY_HEADER = "X-Service-Residency"
+
+
+@dataclass(frozen=True)
+class TimeoutPolicy:
+    """How long the gateway waits for a head before answering 504."""
+
+    first_event_s: float = 120.0
+    idle_s: float = 60.0
+
+
+class TextService:
+    """Serves the text-generation routes for every chat model of the catalog."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        heads: dict[str, HeadClient],
+        readiness: HeadReadiness,
+        images: ImagePolicy,
+        timeouts: TimeoutPolicy,
+        metering: Metering | None = None,
+    ) -> None:
+        self.catalog = catalog
+        self.heads = heads
+        self.readiness = readiness
+        self.images = images
+        self.timeouts = timeouts
+        self.metering = metering or Metering()
+        self.head_lookup: Callable[[str], HeadClient | None] | None = None
+        """Heads not in ``heads`` (dedicated endpoints), set by ``build_state``."""
+
+    async def chat(self, body: ChatCompletionRequest, principal: Principal) -> Any:
+        model = self.catalog.resolve(body.model, principal, "chat")
+        translated = await translate_chat(body, model, self.images)
+        separate = model.reasoning.separate_channel
+        return await self._serve(
+            RequestMeta(principal, model, "chat", translated.head_request.request_id, body.n),
+            translated,
+            stream=body.stream,
+            include_usage=body.include_usage(),
+            body_builder=lambda rid, collected: chat_completion_body(
+                rid, model.id, collected, body.n, separate
+            ),
+            chunker_factory=lambda rid: ChatChunker(rid, model.id, separate),
+        )
+
+    async def completion(self, body: CompletionRequest, principal: Principal) -> Any:
+        model = self.catalog.resolve(body.model, principal, "chat")
+        translated = translate_completion(body, model)
+        n_choices = body.n * len(body.prompts())
+        return await self._serve(
+            RequestMeta(
+                principal, model, "completions", translated.head_request.request_id, n_choices
+            ),
+            translated,
+            stream=body.stream,
+            include_usage=body.include_usage(),
+            body_builder=lambda rid, collected: completion_body(
+                rid, model.id, collected, n_choices
+            ),
+            chunker_factory=lambda rid: CompletionChunker(rid, model.id),
+        )
+
+    async def _serve(
+        self,
+        meta: RequestMeta,
+        translated: Translated,
+        *,
+        stream: bool,
+        include_usage: bool,
+        body_builder: Callable[[str, Collected], dict[str, Any]],
+        chunker_factory: Callable[[str], ChatChunker | CompletionChunker],
+    ) -> Any:
+        request = translated.head_request
+        started, events, metered = await self._open(meta, request)
+        headers = _ignored_header(translated.ignored_params + started.ignored_params)
+        routing = residency_routing(meta.model)
+        if routing is not None:
+            headers[RESIDENCY_HEADER] = "external"
+        if not stream:
+            collected = await _collect(events, metered)
+            body = body_builder(request.request_id, collected)
+            if routing is not None:
+                body["routing"] = routing.model_dump(exclude_none=True)
+            return JSONResponse(body, headers=headers)
+        chunker = chunker_factory(request.request_id)
+        frames = _sse_frames(events, chunker, meta.n_choices, include_usage, metered, routing)
+        return MeteredStreamingResponse(
+            frames,
+            release=lambda: _release(events, metered),
+            media_type="text/event-stream",
+            headers={**SSE_HEADERS, **headers},
+        )
+
+    async def _open(
+        self, meta: RequestMeta, request: HeadRequest
+    ) -> tuple[HeadStarted, AsyncIterator[HeadEvent], MeteredRequest]:
+        """Start the head, then admit: nothing is reserved for a request that fails first."""
+        try:
+            started, events = await self._start(meta.model, request)
+        except Exception:
+            self.metering.failed(meta)
+            raise
+        try:
+            metered = await self.metering.admit(meta, started)
+        except BaseException:
+            await aclose_quietly(events)  # a 429 aborts the generation already begun
+            raise
+        return started, events, metered
+
+    async def _start(
+        self, model: CatalogModel, request: HeadRequest
+    ) -> tuple[HeadStarted, AsyncIterator[HeadEvent]]:
+        client = self.heads.get(model.id)
+        if client is None and self.head_lookup is not None:
+            client = self.head_lookup(model.id)  # ded/<slug>: 503 while warming
+        if client is None:
+            raise ModelUnavailableError(f"Model '{model.id}' has no serving head.")
+        self.readiness.check(model.id)
+        events = with_timeouts(
+            client.stream(request),
+            self.timeouts.first_event_s,
+            self.timeouts.idle_s,
+            model.id,
+        )
+        return await open_head_stream(events)
+
+    # The server-tool loop and the responses route open turns the same way.
+    async def open_turn(
+        self, meta: RequestMeta, request: HeadRequest
+    ) -> tuple[HeadStarted, AsyncIterator[HeadEvent], MeteredRequest]:
+        """First turn of a request: head started and limits admitted (see ``_open``)."""
+        return await self._open(meta, request)
+
+    async def start_turn(
+        self, model: CatalogModel, request: HeadRequest
+    ) -> tuple[HeadStarted, AsyncIterator[HeadEvent]]:
+        """A later turn of an admitted request (no new admission)."""
+        return await self._start(model, request)
+
+
+class MeteredStreamingResponse(StreamingResponse):
+    """A stream response that closes its body and releases the request however it ends.
+
+    Starlette leaves the body generator suspended when the client disconnects
+    (ASGI 2.4 raises ``ClientDisconnect``; older servers cancel the sender), so
+    its ``finally`` would run only whenever the garbage collector finds it, and
+    never when the client left before the first byte. Closing it here runs the
+    head release, billing and settlement at once; ``release`` then covers a body
+    that never started (both steps are idempotent).
+    """
+
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        *,
+        release: Callable[[], Awaitable[None]],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(content, **kwargs)
+        self._frames = content
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await aclose_quietly(self._frames)
+            await self._release()
+
+
+async def _release(events: AsyncIterator[HeadEvent], metered: MeteredRequest) -> None:
+    await aclose_quietly(events)
+    await metered.finish(aborted=True)
+
+
+def _ignored_header(names: list[str]) -> dict[str, str]:
+    unique = sorted(set(names))
+    return {IGNORED_PARAMS_HEADER: ", ".join(unique)} if unique else {}
+
+
+async def _collect(events: AsyncIterator[HeadEvent], metered: MeteredRequest) -> Collected:
+    collected = Collected()
+    aborted = True  # stays True only when cancelled (the client went away)
+    try:
+        async for event in events:
+            metered.observe(event)
+            if isinstance(event, TextDelta):
+                collected.add(event)
+            elif isinstance(event, GenerationDone):
+                collected.done = event
+            elif isinstance(event, HeadFailure):
+                aborted = False
+                raise event.to_error()
+        aborted = False
+    except Exception:
+        aborted = False
+        raise
+    finally:
+        await aclose_quietly(events)
+        await metered.finish(aborted=aborted)
+    if collected.done is None:
+        raise UpstreamError("The model stream ended without a result.")
+    return collected
+
+
+async def _sse_frames(
+    events: AsyncIterator[HeadEvent],
+    chunker: ChatChunker | CompletionChunker,
+    n_choices: int,
+    include_usage: bool,
+    metered: MeteredRequest,
+    routing: ResidencyRouting | None = None,
+) -> AsyncIterator[bytes]:
+    """The body of a streamed answer; errors after the first byte become events.
+
+    An externally served stream ends with one ``routing`` chunk just before
+    ``[DONE]`` (spec 2.3), whatever happened before it.
+    """
+    aborted = True  # stays True only when the client leaves mid-stream
+    try:
+        first = chunker.role(n_choices)
+        if first is not None:
+            yield sse_data(first)
+        async for event in events:
+            metered.observe(event)
+            if isinstance(event, TextDelta):
+                chunk = chunker.delta(event)
+                if chunk is not None:
+                    yield sse_data(chunk)
+            elif isinstance(event, GenerationDone):
+                if include_usage:
+                    yield sse_data(chunker.usage(event))
+            elif isinstance(event, HeadFailure):
+                aborted = False
+                yield sse_error(event.to_error())
+                break
+        aborted = False
+    except GatewayError as err:
+        aborted = False
+        yield sse_error(err)
+    except Exception:
+        aborted = False
+        logger.exception("stream failed")
+        yield sse_error(UpstreamError("The model stream broke."))
+    finally:
+        # Client gone or stream over: release the head (aborts the engine request),
+        # then bill what was produced and settle the reservation.
+        await aclose_quietly(events)
+        await metered.finish(aborted=aborted)
+    if routing is not None:
+        yield sse_data(chunker.routing(routing.model_dump(exclude_none=True)))
+    yield DONE_LINE

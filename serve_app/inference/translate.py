@@ -1,0 +1,197 @@
+"""From a validated wire request to a ``HeadRequest`` (spec 4.1 and 4.2 rules).
+
+Rules that need only the catalog live here; rules that need the tokenizer
+(context window) live in the head. Each function returns the names of the
+parameters it had to drop so the route can publish ``x-service-ignored-params``.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from deployments.engines.base import PromptSpec, SamplingSpec
+from deployments.head_protocol import HeadRequest
+from serve_app.catalog.config import CatalogModel
+from serve_app.inference.images import ImageFetcher, ImagePolicy
+from serve_app.inference.reasoning import translate_reasoning_effort
+from serve_app.protocol.chat import ChatCompletionRequest, ChatMessage
+from serve_app.protocol.common import SamplingFields
+from serve_app.protocol.completions import CompletionRequest
+from serve_app.protocol.errors import InvalidRequestError
+
+SERVER_TOOL_TYPES = frozenset({"web_search", "web_fetch", "code_interpreter"})
+_MIN_TEMPERATURE_FOR_N = 1e-5
+
+
+@dataclass
+class Translated:
+    head_request: HeadRequest
+    ignored_params: list[str] = field(default_factory=list)
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def _check_common(
+    body: SamplingFields, model: CatalogModel, max_tokens: int | None, param: str
+) -> None:
+    cap = model.max_output_tokens
+    if max_tokens is not None and cap is not None and max_tokens > cap:
+        raise InvalidRequestError(
+            f"{param} is too large: {max_tokens}. This model supports at most {cap} "
+            "completion tokens.",
+            code="invalid_value",
+            param=param,
+        )
+    if body.n > 1 and body.temperature is not None and body.temperature < _MIN_TEMPERATURE_FOR_N:
+        raise InvalidRequestError(
+            "n > 1 needs temperature >= 1e-5 (greedy decoding would repeat one answer).",
+            code="invalid_value",
+            param="n",
+        )
+    if body.stop is not None and model.reasoning.separate_channel:
+        raise InvalidRequestError(
+            "stop is not supported on models with a separate reasoning channel.",
+            code="unsupported_parameter",
+            param="stop",
+        )
+
+
+def _sampling(body: SamplingFields, extra: dict[str, Any]) -> SamplingSpec:
+    return SamplingSpec(
+        max_tokens=0,  # sized by the head once the prompt is tokenized
+        temperature=body.temperature,
+        top_p=body.top_p,
+        n=body.n,
+        stop=body.stop_list(),
+        seed=body.seed,
+        frequency_penalty=body.frequency_penalty,
+        presence_penalty=body.presence_penalty,
+        extra=extra,
+    )
+
+
+def check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """Client function tools are relayed as given (the chat template renders them);
+    server tools are left out: the tool loop (``serve_app.tools``) validates and
+    offers them; any other type is a 400 naming ``tools``."""
+    functions: list[dict[str, Any]] = []
+    for tool in tools or []:
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind == "function":
+            functions.append(tool)
+        elif kind in SERVER_TOOL_TYPES:
+            continue
+        else:
+            raise InvalidRequestError(
+                f"Unknown tool type {kind!r}; expected function, web_search, web_fetch or "
+                "code_interpreter.",
+                code="invalid_value",
+                param="tools",
+            )
+    return functions
+
+
+def apply_harmony_strict(
+    tools: list[dict[str, Any]], tool_choice: Any, model: CatalogModel
+) -> list[dict[str, Any]]:
+    """Spec 4.1 rule 4: Harmony models get strict function tools unless opted out."""
+    if model.reasoning.format != "harmony" or not tools:
+        return tools
+    if tool_choice not in (None, "auto"):
+        return tools
+    if any("strict" in (t.get("function") or {}) or "strict" in t for t in tools):
+        return tools
+    strict = copy.deepcopy(tools)
+    for tool in strict:
+        tool.setdefault("function", {})["strict"] = True
+    return strict
+
+
+async def prepare_messages(
+    messages: list[ChatMessage], model: CatalogModel, policy: ImagePolicy
+) -> list[dict[str, Any]]:
+    """Plain dicts for the engine; images decoded/fetched and re-encoded by bytes."""
+    accepts_images = "image" in model.input_modalities
+    fetcher = ImageFetcher(policy)
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        data = message.model_dump(exclude_none=True)
+        if isinstance(message.content, list):
+            parts: list[dict[str, Any]] = []
+            for j, part in enumerate(message.content):
+                param = f"messages[{i}].content[{j}]"
+                dumped = part.model_dump(exclude_none=True)
+                if part.type == "image_url":
+                    if part.image_url is None:
+                        raise InvalidRequestError(
+                            "image_url parts need an image_url object.",
+                            code="invalid_image",
+                            param=param,
+                        )
+                    if not accepts_images:
+                        raise InvalidRequestError(
+                            f"The model '{model.id}' does not accept image input.",
+                            code="unsupported_parameter",
+                            param=param,
+                        )
+                    uri = await fetcher.resolve(part.image_url.url, f"{param}.image_url")
+                    dumped["image_url"] = {**dumped["image_url"], "url": uri}
+                parts.append(dumped)
+            data["content"] = parts
+        out.append(data)
+    return out
+
+
+async def translate_chat(
+    body: ChatCompletionRequest, model: CatalogModel, policy: ImagePolicy
+) -> Translated:
+    max_tokens, param = body.requested_max_tokens()
+    _check_common(body, model, max_tokens, param)
+    ignored: list[str] = []
+    reasoning = translate_reasoning_effort(body.reasoning_effort, model)
+    if reasoning.ignored:
+        ignored.append("reasoning_effort")
+    extra = body.relayed_extras()
+    raw_kwargs = extra.pop("chat_template_kwargs", None)
+    template_kwargs: dict[str, Any] = dict(raw_kwargs) if isinstance(raw_kwargs, dict) else {}
+    template_kwargs.update(reasoning.chat_template_kwargs)
+    if reasoning.relayed_effort is not None:
+        template_kwargs["reasoning_effort"] = reasoning.relayed_effort
+    tools = apply_harmony_strict(check_tools(body.tools), body.tool_choice, model)
+    prompt = PromptSpec(
+        kind="chat",
+        messages=await prepare_messages(body.messages, model, policy),
+        tools=tools or None,
+        tool_choice=body.tool_choice if tools else None,
+        chat_template_kwargs=template_kwargs,
+    )
+    head_request = HeadRequest(
+        request_id=new_request_id("chatcmpl"),
+        prompts=[prompt],
+        sampling=_sampling(body, extra),
+        max_tokens=max_tokens,
+        max_tokens_param=param,
+        max_output_tokens=model.max_output_tokens or 0,
+        prompt_param="messages",
+    )
+    return Translated(head_request, ignored)
+
+
+def translate_completion(body: CompletionRequest, model: CatalogModel) -> Translated:
+    _check_common(body, model, body.max_tokens, "max_tokens")
+    prompts = [PromptSpec(kind="completion", prompt=p) for p in body.prompts()]
+    head_request = HeadRequest(
+        request_id=new_request_id("cmpl"),
+        prompts=prompts,
+        sampling=_sampling(body, body.relayed_extras()),
+        max_tokens=body.max_tokens,
+        max_tokens_param="max_tokens",
+        max_output_tokens=model.max_output_tokens or 0,
+        prompt_param="prompt",
+    )
+    return Translated(head_request)

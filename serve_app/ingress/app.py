@@ -1,0 +1,59 @@
+"""Assembly of the FastAPI app: routers, error mapping, body limit, metadata.
+
+The order here is the request's path through the gateway: body limit (outer
+middleware) -> route -> auth dependency -> service. ``create_app`` takes a
+ready ``GatewayState`` so tests build the same app without Ray.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from serve_app.ingress.body_limit import BodyLimitMiddleware
+from serve_app.ingress.errors import install_error_handlers
+from serve_app.ingress.state import GatewayState
+from serve_app.routes import (
+    audio,
+    chat,
+    completions,
+    dedicated,
+    document,
+    health,
+    models,
+    responses,
+    session_only,
+)
+
+API_VERSION = "1.0.0-m1"
+
+
+def create_app(
+    state: GatewayState, max_body_bytes: int, body_limits: dict[str, int] | None = None
+) -> FastAPI:
+    app = FastAPI(
+        title="Inference Gateway",
+        version=API_VERSION,
+        description=(
+            "OpenAI-compatible inference API. Authenticate with `Authorization: Bearer "
+            "<key>`. Errors use the envelope `{error: {message, type, code, param}}`."
+        ),
+    )
+    app.state.gateway = state
+    for module in (
+        health,
+        models,
+        chat,
+        completions,
+        responses,
+        audio,
+        document,
+        dedicated,
+        session_only,
+    ):
+        app.include_router(module.router)
+    install_error_handlers(app)
+    limits = {**audio.body_limits(state.audio), **(body_limits or {})}
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=max_body_bytes, limits=limits, streamed=audio.STREAMED_PATHS
+    )
+    return app

@@ -1,0 +1,159 @@
+"""The gateway ingress as a Ray Serve deployment.
+
+Each replica builds its own ``GatewayState`` (catalog, auth, head clients)
+from the validated args, then hands Serve the FastAPI app through
+``__serve_build_asgi_app__`` so routes never reach for globals.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI
+from ray import serve
+
+from serve_app.auth.accounts import AccountStore
+from serve_app.auth.service import AuthService
+from serve_app.catalog.catalog import Catalog
+from serve_app.config import GatewayAppArgs
+from serve_app.dedicated.backend import ServeBackend
+from serve_app.dedicated.facade import wire_dedicated
+from serve_app.dedicated.ray_backend import RayServeBackend
+from serve_app.inference.audio_client import (
+    SpeechClient,
+    TranscriptionClient,
+    ray_audio_clients,
+)
+from serve_app.inference.audio_service import AudioPolicy, AudioService
+from serve_app.inference.document_client import DocumentClient, ray_document_clients
+from serve_app.inference.document_service import DocumentPolicy, DocumentService
+from serve_app.inference.external import ExternalHeadClient
+from serve_app.inference.head_client import HeadClient, RayHeadClient
+from serve_app.inference.images import ImagePolicy
+from serve_app.inference.metering import build_metering
+from serve_app.inference.readiness import HeadReadiness, serve_status_source
+from serve_app.inference.responses_service import ResponsesService
+from serve_app.inference.text_service import TextService, TimeoutPolicy
+from serve_app.ingress.app import create_app
+from serve_app.ingress.state import GatewayState
+from serve_app.limits.buckets import CounterStore
+from serve_app.metrics import GatewayMetrics
+from serve_app.settings import GatewaySettings, get_settings
+from serve_app.storage.db import Database
+from serve_app.tools.chat import ToolChatService
+from serve_app.tools.runners import ToolRuntime
+
+logger = logging.getLogger(__name__)
+
+
+def build_state(
+    config: GatewayAppArgs,
+    heads: dict[str, HeadClient],
+    readiness: HeadReadiness,
+    database: Database,
+    settings: GatewaySettings,
+    *,
+    counters: CounterStore | None = None,
+    metrics: GatewayMetrics | None = None,
+    speech_heads: dict[str, SpeechClient] | None = None,
+    transcription_heads: dict[str, TranscriptionClient] | None = None,
+    document_heads: dict[str, DocumentClient] | None = None,
+    dedicated_backend: ServeBackend | None = None,
+) -> GatewayState:
+    """Wire the services of one replica (shared by Ray and in-process tests).
+
+    ``counters`` and ``metrics`` override the limit counters (default: Redis
+    when ``GATEWAY_REDIS_URL`` is set, else in-process) and the metrics backend.
+    """
+    catalog = Catalog(config.catalog)
+    images = ImagePolicy(**config.images.model_dump())
+    metering = build_metering(config, database, settings, counters=counters, metrics=metrics)
+    text = TextService(
+        catalog,
+        heads,
+        readiness,
+        images,
+        TimeoutPolicy(**config.timeouts.model_dump()),
+        metering,
+    )
+    tools = ToolRuntime.from_options(config.tools)
+    return GatewayState(
+        catalog=catalog,
+        auth=AuthService(AccountStore(database, pepper=settings.key_pepper), settings),
+        text=text,
+        audio=AudioService(
+            catalog,
+            speech_heads or {},
+            transcription_heads or {},
+            readiness,
+            AudioPolicy(**config.audio.model_dump(exclude={"max_audio_seconds"})),
+            metering,
+        ),
+        responses=ResponsesService(text, tools),
+        tool_chat=ToolChatService(text, tools),
+        documents=DocumentService(
+            catalog,
+            document_heads or {},
+            readiness,
+            images,
+            DocumentPolicy(**config.documents.model_dump()),
+            metering,
+        ),
+        dedicated=wire_dedicated(config.dedicated, catalog, database, text, dedicated_backend),
+    )
+
+
+@serve.deployment(name="Gateway")
+@serve.ingress()
+class Gateway:
+    """Stateless FastAPI ingress; scale it with ``ingress.num_replicas``."""
+
+    async def __init__(  # type: ignore[misc]  # Serve awaits async constructors
+        self, args: dict[str, Any], heads: dict[str, Any]
+    ) -> None:
+        config = GatewayAppArgs.model_validate(args)
+        clients: dict[str, HeadClient] = {
+            m.id: RayHeadClient(m.id, heads[m.id])
+            for m in config.catalog
+            if m.id in heads and m.head == "chat"
+        }
+        clients.update({m.id: ExternalHeadClient(m) for m in config.catalog if m.is_external})
+        deployments = {m.id: m.deployment_name() for m in config.catalog if m.id in heads}
+        app_name = serve.get_replica_context().app_name
+        readiness = HeadReadiness(
+            serve_status_source(app_name, deployments), config.readiness_refresh_s
+        )
+        settings = get_settings()
+        database = Database.from_settings(settings)
+        database.migrate()
+        speech, transcription = ray_audio_clients(config.catalog, heads)
+        state = build_state(
+            config,
+            clients,
+            readiness,
+            database,
+            settings,
+            speech_heads=speech,
+            transcription_heads=transcription,
+            document_heads=ray_document_clients(config.catalog, heads),
+            dedicated_backend=RayServeBackend() if config.dedicated.enabled else None,
+        )
+        # On the replica's loop: adopt spool files a dead replica left, start flushing.
+        await state.text.metering.start()
+        if state.dedicated is not None:
+            state.dedicated.start()  # alias refresh + the (lease-guarded) reconciler
+        self._state = state
+        self._app = create_app(state, config.max_body_bytes)
+        logger.info("gateway replica ready with %d models", len(state.catalog))
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return self._app
+
+    async def __del__(self) -> None:
+        """Graceful stop: commit spooled usage, close counter connections."""
+        state = getattr(self, "_state", None)
+        if state is not None:
+            if state.dedicated is not None:
+                await state.dedicated.stop()  # hands the reconciler lease over at once
+            await state.text.metering.aclose()

@@ -1,0 +1,40 @@
+"""Everything a request handler needs, built once per gateway replica.
+
+Routes receive this through typed dependencies (``serve_app.ingress.deps``)
+instead of importing globals, so the same app runs under Ray Serve and in a
+plain ``TestClient`` with in-process heads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from serve_app.auth.principal import Principal
+from serve_app.catalog.catalog import Catalog
+from serve_app.dedicated.facade import Dedicated
+from serve_app.inference.audio_service import AudioService
+from serve_app.inference.document_service import DocumentService
+from serve_app.inference.responses_service import ResponsesService
+from serve_app.inference.text_service import TextService
+from serve_app.tools.chat import ToolChatService
+
+
+class Authenticator(Protocol):
+    """Turns an ``Authorization`` header into a caller, or raises a 401."""
+
+    def authenticate(self, authorization: str | None) -> Principal: ...
+
+    def cached(self, authorization: str | None) -> Principal | None: ...
+
+
+@dataclass
+class GatewayState:
+    catalog: Catalog
+    auth: Authenticator
+    text: TextService
+    audio: AudioService
+    responses: ResponsesService
+    tool_chat: ToolChatService
+    documents: DocumentService
+    dedicated: Dedicated | None = None  # None when args.dedicated.enabled is false

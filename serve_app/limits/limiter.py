@@ -1,0 +1,139 @@
+"""Which limits apply to a caller, and the 429s that enforce them (spec 7, 8).
+
+Resolution: a key's own RPM/TPM apply when set; the user's RPM/TPM apply when
+set, else the platform defaults take the user's place; both levels may apply to
+one request. The daily token quota is per user (its own value, else the
+platform default). A caller with nothing set and no platform defaults never
+touches the counter store at all.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from serve_app.auth.principal import Principal
+from serve_app.limits.buckets import (
+    BucketKind,
+    BucketSpec,
+    CounterStore,
+    Denial,
+    Scope,
+    Ticket,
+)
+from serve_app.protocol.errors import ModelUnavailableError, RateLimitError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PlatformLimits:
+    """Defaults for users without their own values; ``None`` means unlimited."""
+
+    rpm: int | None = None
+    tpm: int | None = None
+    daily_tokens: int | None = None
+    window_s: float = 60.0
+
+
+def _first(*values: int | None) -> int | None:
+    return next((v for v in values if v is not None), None)
+
+
+def plan_buckets(principal: Principal, platform: PlatformLimits) -> list[BucketSpec]:
+    """The buckets one request of ``principal`` is admitted against."""
+    tag = f"{{u:{principal.user_id}}}"  # Redis hash tag: one slot per user
+    key = principal.key_id
+    user = principal.user_limits
+    wanted: list[tuple[BucketKind, Scope, int | None, str]] = [
+        ("requests", "key", principal.key_rpm, f"{tag}:rpm:key:{key}"),
+        ("requests", "user", _first(user.rpm, platform.rpm), f"{tag}:rpm:user"),
+        ("tokens", "key", principal.key_tpm, f"{tag}:tpm:key:{key}"),
+        ("tokens", "user", _first(user.tpm, platform.tpm), f"{tag}:tpm:user"),
+        ("daily", "user", _first(user.daily_tokens, platform.daily_tokens), f"{tag}:day"),
+    ]
+    return [
+        BucketSpec(kind, name, limit, scope)
+        for kind, scope, limit, name in wanted
+        if limit is not None
+    ]
+
+
+def rate_limit_error(denial: Denial, window_s: float) -> RateLimitError:
+    """The spec's 429: ``insufficient_quota`` for the day, else ``rate_limit_exceeded``."""
+    bucket, wait = denial.bucket, denial.retry_after_s
+    headers = {"Retry-After": str(wait)}
+    if bucket.kind == "daily":
+        return RateLimitError(
+            f"The daily token quota of {bucket.limit} tokens for this user is used up; "
+            f"it resets at midnight UTC (in {wait} s).",
+            code="insufficient_quota",
+            headers=headers,
+        )
+    unit = "requests" if bucket.kind == "requests" else "tokens"
+    per = "minute" if window_s == 60 else f"{window_s:g} s"
+    owner = "API key" if bucket.scope == "key" else "user"
+    return RateLimitError(
+        f"Rate limit reached: {bucket.limit} {unit} per {per} for this {owner}. "
+        f"Retry after {wait} s.",
+        headers=headers,
+    )
+
+
+class RateLimiter:
+    """Admits requests before any byte is sent and settles them afterwards."""
+
+    def __init__(
+        self, store: CounterStore, platform: PlatformLimits, *, fail_open: bool = True
+    ) -> None:
+        self.store = store
+        self.platform = platform
+        self.fail_open = fail_open
+
+    async def admit(self, principal: Principal, request_id: str, cost: int) -> Ticket | None:
+        """Reserve one request and ``cost`` tokens, or raise the 429.
+
+        Returns None when no limit applies (nothing to settle). A store outage
+        lets traffic through when ``fail_open`` (logged), else answers 503.
+        """
+        buckets = plan_buckets(principal, self.platform)
+        if not buckets:
+            return None
+        try:
+            outcome = await self.store.admit(request_id, buckets, max(0, cost))
+        except Exception:
+            logger.exception("counter store unavailable during admission")
+            if self.fail_open:
+                return None
+            raise ModelUnavailableError(
+                "Rate limiting is temporarily unavailable; retry shortly.",
+                headers={"Retry-After": "1"},
+            ) from None
+        if isinstance(outcome, Denial):
+            raise rate_limit_error(outcome, self.platform.window_s)
+        return outcome
+
+    async def settle(self, ticket: Ticket | None, used: int) -> None:
+        """Replace the reservation with ``used`` tokens; never raises."""
+        if ticket is None:
+            return
+        try:
+            await self.store.settle(ticket, max(0, used))
+        except Exception:
+            logger.exception("could not settle reservation %s", ticket.member)
+
+    async def aclose(self) -> None:
+        await self.store.aclose()
+
+
+def build_counter_store(
+    redis_url: str | None, *, window_s: float, prefix: str = "gw"
+) -> CounterStore:
+    """Redis when a URL is configured (shared by replicas), else in-process."""
+    if redis_url:
+        from serve_app.limits.redis_store import RedisCounterStore
+
+        return RedisCounterStore.from_url(redis_url, prefix=prefix, window_s=window_s)
+    from serve_app.limits.memory import InProcessCounterStore
+
+    return InProcessCounterStore(window_s=window_s)

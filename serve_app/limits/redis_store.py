@@ -1,0 +1,208 @@
+"""The Redis counter backend: one set of counters for every gateway replica.
+
+Admission is one Lua script call that purges, checks and reserves every bucket
+of the request; Redis runs scripts atomically, so four replicas (or forty)
+admit no more than the limit between them. The clock is Redis's own ``TIME``
+unless a clock is injected (tests, benchmarks), so replicas on machines with
+skewed clocks still agree on the window.
+
+Keys (all under ``prefix``; ``{u:<user>}`` is a hash tag so that every key of
+one admission lands on the same Redis Cluster slot):
+
+- requests bucket: a sorted set, member = request id, score = admission ms.
+- tokens bucket: a sorted set, member = ``<request id>|<tokens>``, plus a
+  running total in ``<key>:s`` so a check costs O(expired entries), not O(log).
+- daily bucket: a counter ``<key>:<utc day>`` expiring an hour after midnight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from serve_app.limits.buckets import BucketSpec, Clock, Denial, Ticket
+
+_COMMON = r"""
+local function weight_of(m)
+  return tonumber(string.match(m, '|(%d+)$'))
+end
+"""
+
+ADMIT_LUA = (
+    _COMMON
+    + r"""
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local window, member, cost, n = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local cutoff = now - window
+local day = math.floor(now / 86400000)
+local midnight = (day + 1) * 86400000
+
+local function purge_tokens(z, s)
+  local old = redis.call('ZRANGEBYSCORE', z, '-inf', cutoff)
+  if #old > 0 then
+    local drop = 0
+    for _, m in ipairs(old) do drop = drop + weight_of(m) end
+    redis.call('ZREMRANGEBYSCORE', z, '-inf', cutoff)
+    if redis.call('ZCARD', z) == 0 then redis.call('DEL', s) else redis.call('DECRBY', s, drop) end
+  end
+  return tonumber(redis.call('GET', s) or '0')
+end
+
+local function tokens_wait(z, total, limit)
+  local remaining, start = total, 0
+  while true do
+    local batch = redis.call('ZRANGE', z, start, start + 99, 'WITHSCORES')
+    if #batch == 0 then return window end
+    for i = 1, #batch, 2 do
+      remaining = remaining - weight_of(batch[i])
+      if remaining < limit then return tonumber(batch[i + 1]) + window - now end
+    end
+    start = start + 100
+  end
+end
+
+-- Phase 1: check every bucket; nothing is reserved unless all have room.
+local k, best_index, best_wait, best_daily = 1, 0, -1, false
+for i = 1, n do
+  local kind, limit = ARGV[4 + 2 * i], tonumber(ARGV[5 + 2 * i])
+  local wait = nil
+  if kind == 'requests' then
+    local z = KEYS[k]; k = k + 1
+    redis.call('ZREMRANGEBYSCORE', z, '-inf', cutoff)
+    local count = redis.call('ZCARD', z)
+    if count >= limit then
+      local e = redis.call('ZRANGE', z, count - limit, count - limit, 'WITHSCORES')
+      wait = tonumber(e[2]) + window - now
+    end
+  elseif kind == 'tokens' then
+    local z, s = KEYS[k], KEYS[k + 1]; k = k + 2
+    local total = purge_tokens(z, s)
+    if total >= limit then wait = tokens_wait(z, total, limit) end
+  else
+    local used = tonumber(redis.call('GET', KEYS[k] .. ':' .. day) or '0'); k = k + 1
+    if used >= limit then wait = midnight - now end
+  end
+  if wait and not best_daily then
+    if kind == 'daily' then best_daily, best_index, best_wait = true, i, wait
+    elseif wait > best_wait then best_index, best_wait = i, wait end
+  end
+end
+if best_index > 0 then return {0, best_index, best_wait, now} end
+
+-- Phase 2: reserve in every bucket.
+k = 1
+for i = 1, n do
+  local kind = ARGV[4 + 2 * i]
+  if kind == 'requests' then
+    redis.call('ZADD', KEYS[k], now, member)
+    redis.call('PEXPIRE', KEYS[k], window + 1000); k = k + 1
+  elseif kind == 'tokens' then
+    redis.call('ZADD', KEYS[k], now, member .. '|' .. cost)
+    redis.call('INCRBY', KEYS[k + 1], cost)
+    redis.call('PEXPIRE', KEYS[k], window + 1000)
+    redis.call('PEXPIRE', KEYS[k + 1], window + 1000); k = k + 2
+  else
+    local d = KEYS[k] .. ':' .. day
+    redis.call('INCRBY', d, cost)
+    redis.call('PEXPIRE', d, midnight + 3600000 - now); k = k + 1
+  end
+end
+return {1, day, now}
+"""
+)
+
+SETTLE_LUA = (
+    _COMMON
+    + r"""
+local member, cost, used = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local day, n = ARGV[4], tonumber(ARGV[5])
+local k = 1
+for i = 1, n do
+  if ARGV[5 + i] == 'tokens' then
+    local z, s = KEYS[k], KEYS[k + 1]; k = k + 2
+    local old = member .. '|' .. cost
+    local score = redis.call('ZSCORE', z, old)
+    if score and redis.call('EXISTS', s) == 1 then
+      redis.call('ZREM', z, old)
+      redis.call('ZADD', z, score, member .. '|' .. used)
+      redis.call('INCRBY', s, used - cost)
+    end
+  else
+    local d = KEYS[k] .. ':' .. day; k = k + 1
+    if redis.call('EXISTS', d) == 1 then redis.call('INCRBY', d, used - cost) end
+  end
+end
+return 1
+"""
+)
+
+
+class RedisCounterStore:
+    """``CounterStore`` on Redis; pass ``clock`` only to override Redis's time."""
+
+    def __init__(
+        self,
+        redis: Any,
+        *,
+        prefix: str = "gw",
+        window_s: float = 60.0,
+        clock: Clock | None = None,
+    ) -> None:
+        if "{" in prefix or "}" in prefix:
+            raise ValueError("the Redis key prefix must not contain braces (hash tags)")
+        self._redis = redis
+        self._prefix = prefix
+        self._window_ms = int(window_s * 1000)
+        self._clock = clock
+        self._admit = redis.register_script(ADMIT_LUA)
+        self._settle = redis.register_script(SETTLE_LUA)
+
+    @classmethod
+    def from_url(cls, url: str, *, max_connections: int = 64, **kwargs: Any) -> RedisCounterStore:
+        """A store on its own connection pool.
+
+        A blocking pool makes a burst wait for a free connection instead of
+        failing; short socket timeouts keep a Redis outage from stalling requests.
+        """
+        import redis.asyncio as aioredis
+
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=2.0,
+            socket_timeout=1.0,
+            socket_connect_timeout=1.0,
+        )
+        return cls(aioredis.Redis(connection_pool=pool), **kwargs)
+
+    def _keys(self, bucket: BucketSpec) -> list[str]:
+        base = f"{self._prefix}:{bucket.key}"
+        return [base, f"{base}:s"] if bucket.kind == "tokens" else [base]
+
+    async def admit(self, member: str, buckets: Sequence[BucketSpec], cost: int) -> Ticket | Denial:
+        keys = [key for bucket in buckets for key in self._keys(bucket)]
+        now = "" if self._clock is None else str(round(self._clock() * 1000))
+        args: list[str | int] = [now, self._window_ms, member, cost, len(buckets)]
+        for bucket in buckets:
+            args += [bucket.kind, bucket.limit]
+        reply = await self._admit(keys=keys, args=args)
+        if int(reply[0]) == 0:
+            return Denial(buckets[int(reply[1]) - 1], int(reply[2]))
+        return Ticket(member, cost, tuple(buckets), int(reply[1]), int(reply[2]))
+
+    async def settle(self, ticket: Ticket, used: int) -> None:
+        buckets = ticket.settled_buckets()
+        if not buckets:
+            return
+        keys = [key for bucket in buckets for key in self._keys(bucket)]
+        args: list[str | int] = [ticket.member, ticket.cost, used, ticket.day, len(buckets)]
+        args += [bucket.kind for bucket in buckets]
+        await self._settle(keys=keys, args=args)
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+        await self._redis.connection_pool.disconnect()

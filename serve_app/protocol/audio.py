@@ -1,0 +1,62 @@
+"""Wire formats of ``POST /v1/audio/speech`` and ``POST /v1/audio/transcriptions``
+(spec 2.12, 4.4, 4.5, 8).
+
+Speech takes JSON and answers WAV bytes; transcription takes multipart form
+data (its fields are declared on the route, as FastAPI reads forms) and answers
+``{text, usage: {type: "duration", seconds}}``. Unknown speech fields are
+accepted and named in ``x-service-ignored-params`` rather than refused, as
+OpenAI clients send optional fields (``speed``, ``instructions``) freely.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from deployments.engines.audio_base import DEFAULT_VOICE, SPEC_VOICES
+
+MAX_SPEECH_INPUT_CHARS = 4096
+"""Spec 8: speech ``input`` is at most 4096 characters (code points, tags included)."""
+
+MAX_TRANSCRIPTION_FILE_BYTES = 25 * 1024 * 1024
+"""Spec 8's "25 MB", read as 25 MiB (26,214,400 bytes) of file content, multipart
+framing excluded: the larger reading, so no file a client sizes as 25 MB is refused."""
+
+SPEECH_FORMATS = ("wav",)
+TRANSCRIPTION_FORMATS = ("json", "text")
+
+
+class SpeechRequest(BaseModel):
+    """Request body of ``POST /v1/audio/speech``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1, description="A speech model of the catalog.")
+    input: str = Field(
+        min_length=1,
+        max_length=MAX_SPEECH_INPUT_CHARS,
+        description="Text to speak; inline emotion tags such as <laugh> and <sigh> are "
+        "performed by models that support them and removed by the others.",
+    )
+    voice: str = Field(
+        default=DEFAULT_VOICE, description=f"One of {', '.join(SPEC_VOICES)} (default tara)."
+    )
+    response_format: str | None = Field(
+        default=None, description="Only 'wav' (the default): mono 24 kHz 16-bit PCM."
+    )
+
+    def extra_fields(self) -> list[str]:
+        return sorted(self.model_extra or {})
+
+
+class TranscriptionUsage(BaseModel):
+    type: Literal["duration"] = "duration"
+    seconds: float = Field(description="Duration of the submitted audio in seconds.")
+
+
+class Transcription(BaseModel):
+    """200 body of ``POST /v1/audio/transcriptions`` (``response_format=json``)."""
+
+    text: str
+    usage: TranscriptionUsage

@@ -1,0 +1,42 @@
+"""Wire format of the legacy ``POST /v1/completions`` (spec 2.6, 4.2)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from serve_app.protocol.common import SamplingFields, Usage
+
+
+class CompletionRequest(SamplingFields):
+    """Request body; each prompt of an array is generated separately."""
+
+    prompt: str | list[str] = Field(description="One prompt or a list of prompts.")
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty_list(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and not value:
+            raise ValueError("prompt must contain at least one item")
+        return value
+
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    routing: dict[str, Any] | None = None

@@ -1,0 +1,59 @@
+"""Wire format of ``GET /v1/models`` (spec 2.2, 2.3)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+class ResidencyRouting(BaseModel):
+    """Disclosure that a third party served (or serves) the request."""
+
+    provider_class: Literal["external"] = "external"
+    residency: Literal["external"] = "external"
+    notice: str
+    region: str | None = None
+
+
+class Architecture(BaseModel):
+    input_modalities: list[str]
+    output_modalities: list[str]
+
+
+class ReasoningInfo(BaseModel):
+    controllable: bool
+    separate_channel: bool
+
+
+class ModelCard(BaseModel):
+    """One catalog entry as published. Dumped with ``exclude_none``: absent, not null."""
+
+    id: str
+    object: Literal["model"] = "model"
+    owned_by: str
+    created: int
+    architecture: Architecture
+    context_length: int | None = None
+    context_window: int | None = None
+    max_model_len: int | None = None
+    max_output_tokens: int | None = None
+    pricing_mode: str
+    spot_enabled: bool
+    spot_multiplier: float | None = None
+    gpu_class: str | None = None
+    publisher: str | None = None
+    release_date: str | None = None
+    specialties: list[str] | None = None
+    reasoning: ReasoningInfo | None = None
+    supported_parameters: list[str] | None = None
+    pricing: dict[str, Any] | None = None
+    routing: ResidencyRouting | None = None
+    tier: str | None = None
+    kind: str | None = None
+    attribution: str | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard] = Field(default_factory=list)

@@ -1,0 +1,36 @@
+"""``POST /v1/detect`` (spec 4.10) and ``POST /v1/parse`` (spec 4.11).
+
+Thin: the body is parsed by pydantic, everything else (catalog, image,
+refusals, head call, billing) is ``DocumentService``'s.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from serve_app.ingress.deps import InferenceCaller, State
+from serve_app.ingress.openapi import ERROR_RESPONSES
+from serve_app.protocol.document import DetectRequest, DetectResponse, ParseRequest, ParseResponse
+
+router = APIRouter(prefix="/v1", tags=["documents"])
+
+
+@router.post(
+    "/detect",
+    response_model=DetectResponse,
+    responses=ERROR_RESPONSES,
+    summary="Detect regions (tables) in an image: label, score and pixel box each",
+)
+async def detect(body: DetectRequest, caller: InferenceCaller, state: State) -> JSONResponse:
+    return await state.documents.detect(body, caller)
+
+
+@router.post(
+    "/parse",
+    response_model=ParseResponse,
+    responses=ERROR_RESPONSES,
+    summary="Read an image: text, a chart's data table, HTML tables or LaTeX, per model",
+)
+async def parse(body: ParseRequest, caller: InferenceCaller, state: State) -> JSONResponse:
+    return await state.documents.parse(body, caller)

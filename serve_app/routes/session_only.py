@@ -1,0 +1,32 @@
+"""Dashboard operations that need a browser session (spec 5 rule 4).
+
+Credential, organization, billing and admin operations are session-only. The
+gateway has no session login yet, so an API key reaching them gets 403
+``session_required`` and a request with no key gets 401; nothing else happens.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from serve_app.ingress.deps import AnyCaller
+from serve_app.protocol.errors import PermissionDeniedError
+
+router = APIRouter(prefix="/api", tags=["dashboard (session only)"])
+
+SESSION_ONLY_AREAS = ("keys", "orgs", "billing", "admin")
+_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+
+async def session_only(caller: AnyCaller) -> None:
+    raise PermissionDeniedError(
+        "This operation needs a dashboard session; API keys cannot perform it.",
+        code="session_required",
+    )
+
+
+for _area in SESSION_ONLY_AREAS:
+    router.add_api_route(f"/{_area}", session_only, methods=_METHODS, include_in_schema=False)
+    router.add_api_route(
+        f"/{_area}/{{rest:path}}", session_only, methods=_METHODS, include_in_schema=False
+    )

@@ -1,0 +1,293 @@
+"""An ordered, idempotent migration runner that is safe under concurrent starts.
+
+Every gateway replica and every CLI call runs ``run_migrations`` on start, so
+two processes often race on a fresh database. The runner therefore applies all
+pending migrations inside one transaction that first takes a database-wide
+lock (``pg_advisory_xact_lock`` on PostgreSQL, ``BEGIN IMMEDIATE`` on SQLite):
+the loser waits, then sees the versions the winner recorded and does nothing.
+Both databases have transactional DDL, so a failing migration leaves no half
+applied schema behind.
+
+To add a migration, write ``def _vN_what(conn: Connection) -> None`` and append
+``Migration(N, "what", _vN_what)`` to ``MIGRATIONS``. Never edit or reorder one
+that has shipped. A migration declares the tables it creates on its own
+``MetaData`` instead of importing them from ``schema.py``: ``schema.py`` always
+shows the latest shape, and replaying old history on a fresh database must
+produce the same tables it produced when it first ran. After adding columns or
+tables, update ``schema.py`` too; a unit test compares the two.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from serve_app.storage.schema import schema_migrations, utcnow
+
+logger = logging.getLogger(__name__)
+
+# Arbitrary constant shared by every process of this application; any 64-bit
+# value works as long as nothing else in the database uses it.
+_PG_LOCK_KEY = 7_345_118_204_661_909_111
+
+# Execution option read by the SQLite "begin" hook in ``serve_app.storage.db``.
+SQLITE_BEGIN_OPTION = "sqlite_begin"
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One step of schema history; ``apply`` runs inside the runner's transaction."""
+
+    version: int
+    name: str
+    apply: Callable[[Connection], None]
+
+
+def _v1_accounts(conn: Connection) -> None:
+    """Orgs, users, memberships and API keys as they were first shipped."""
+    md = sa.MetaData()
+    ts = sa.DateTime(timezone=True)
+    sa.Table(
+        "orgs",
+        md,
+        sa.Column("id", sa.Text, primary_key=True),
+        sa.Column("name", sa.Text, nullable=False, unique=True),
+        sa.Column(
+            "external_providers_enabled", sa.Boolean, nullable=False, server_default=sa.false()
+        ),
+        sa.Column("internal", sa.Boolean, nullable=False, server_default=sa.false()),
+        sa.Column("created_at", ts, nullable=False),
+    )
+    sa.Table(
+        "users",
+        md,
+        sa.Column("id", sa.Text, primary_key=True),
+        sa.Column("name", sa.Text, nullable=False, unique=True),
+        sa.Column("rpm", sa.Integer, nullable=True),
+        sa.Column("tpm", sa.Integer, nullable=True),
+        sa.Column("daily_tokens", sa.BigInteger, nullable=True),
+        sa.Column("web_search_enabled", sa.Boolean, nullable=False, server_default=sa.false()),
+        sa.Column("web_fetch_enabled", sa.Boolean, nullable=False, server_default=sa.false()),
+        sa.Column(
+            "code_interpreter_enabled", sa.Boolean, nullable=False, server_default=sa.false()
+        ),
+        sa.Column("created_at", ts, nullable=False),
+    )
+    sa.Table(
+        "memberships",
+        md,
+        sa.Column(
+            "user_id", sa.Text, sa.ForeignKey("users.id", ondelete="CASCADE"), primary_key=True
+        ),
+        sa.Column(
+            "org_id", sa.Text, sa.ForeignKey("orgs.id", ondelete="CASCADE"), primary_key=True
+        ),
+        sa.Column("role", sa.Text, nullable=False),
+        sa.CheckConstraint("role IN ('member', 'admin')", name="ck_memberships_role"),
+    )
+    sa.Table(
+        "api_keys",
+        md,
+        sa.Column("id", sa.Text, primary_key=True),
+        sa.Column("key_hash", sa.Text, nullable=False),
+        sa.Column("display_prefix", sa.Text, nullable=False),
+        sa.Column(
+            "user_id", sa.Text, sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False
+        ),
+        sa.Column("org_id", sa.Text, sa.ForeignKey("orgs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column("scopes", sa.Text, nullable=False),
+        sa.Column("rpm", sa.Integer, nullable=True),
+        sa.Column("tpm", sa.Integer, nullable=True),
+        sa.Column("created_at", ts, nullable=False),
+        sa.Column("revoked_at", ts, nullable=True),
+        sa.Index("ix_api_keys_key_hash", "key_hash", unique=True),
+        sa.Index("ix_api_keys_user_id", "user_id"),
+    )
+    md.create_all(conn)
+
+
+def _v2_usage_ledger(conn: Connection) -> None:
+    """The usage ledger (one row per billed request) as first shipped."""
+    md = sa.MetaData()
+    ts = sa.DateTime(timezone=True)
+    big, num = sa.BigInteger, sa.Float
+    sa.Table(
+        "usage_records",
+        md,
+        sa.Column("request_id", sa.Text, primary_key=True),
+        sa.Column("created_at", ts, nullable=False),
+        *(sa.Column(name, sa.Text, nullable=False) for name in _V2_TEXT),
+        sa.Column("prompt_tokens", big, nullable=False),
+        sa.Column("completion_tokens", big, nullable=False),
+        sa.Column("cached_tokens", big, nullable=True),
+        sa.Column("reasoning_tokens", big, nullable=True),
+        sa.Column("requests", sa.Integer, nullable=False),
+        sa.Column("web_searches", sa.Integer, nullable=False),
+        sa.Column("code_seconds", num, nullable=False),
+        sa.Column("images", sa.Integer, nullable=False),
+        sa.Column("audio_seconds", num, nullable=False),
+        sa.Column("currency", sa.Text, nullable=False),
+        sa.Column("pricing_mode", sa.Text, nullable=False),
+        sa.Column("input_per_mtok", num, nullable=False),
+        sa.Column("output_per_mtok", num, nullable=False),
+        sa.Column("per_image", num, nullable=True),
+        sa.Column("per_audio_second", num, nullable=True),
+        sa.Column("spot_multiplier", num, nullable=True),
+        sa.Column("cost", num, nullable=False),
+        sa.CheckConstraint(
+            "status IN ('ok', 'partial', 'aborted')", name="ck_usage_records_status"
+        ),
+        sa.Index("ix_usage_records_user_created", "user_id", "created_at"),
+    )
+    md.create_all(conn)
+
+
+_V2_TEXT = ("user_id", "key_id", "org_id", "model", "route", "status")
+
+
+def _v3_dedicated(conn: Connection) -> None:
+    """Dedicated endpoints, their replicas' lifetimes, per-call telemetry, the reconciler lease."""
+    md = sa.MetaData()
+    ts = sa.DateTime(timezone=True)
+    text, integer = sa.Text, sa.Integer
+    sa.Table(
+        "dedicated_endpoints",
+        md,
+        sa.Column("id", text, primary_key=True),
+        *(sa.Column(name, text, nullable=False) for name in _V3_ENDPOINT_TEXT),
+        sa.Column("alias", text, nullable=False, unique=True),
+        *(sa.Column(name, integer, nullable=False) for name in _V3_ENDPOINT_INT),
+        sa.Column("rolled_back", sa.Boolean, nullable=False, server_default=sa.false()),
+        *(sa.Column(name, text, nullable=True) for name in _V3_ENDPOINT_OPTIONAL_TEXT),
+        sa.Column("block_tokens", integer, nullable=True),
+        sa.Column("created_at", ts, nullable=False),
+        *(sa.Column(name, ts, nullable=True) for name in _V3_ENDPOINT_OPTIONAL_TS),
+        sa.Index("ix_dedicated_endpoints_org", "org_id"),
+    )
+    sa.Table(
+        "dedicated_replicas",
+        md,
+        sa.Column("endpoint_id", text, primary_key=True),
+        sa.Column("replica_id", text, primary_key=True),
+        *(sa.Column(name, text, nullable=False) for name in _V3_REPLICA_TEXT),
+        sa.Column("version", integer, nullable=False),
+        sa.Column("cards", integer, nullable=False),
+        sa.Column("scaled_up_at", ts, nullable=False),
+        *(sa.Column(name, ts, nullable=True) for name in _V3_REPLICA_OPTIONAL_TS),
+        sa.Column("error_code", text, nullable=True),
+        sa.Index("ix_dedicated_replicas_endpoint_up", "endpoint_id", "scaled_up_at"),
+    )
+    sa.Table(
+        "dedicated_requests",
+        md,
+        sa.Column("id", integer, primary_key=True, autoincrement=True),
+        sa.Column("endpoint_id", text, nullable=False),
+        sa.Column("at", ts, nullable=False),
+        sa.Column("outcome", text, nullable=False),
+        sa.Column("replica_id", text, nullable=True),
+        sa.Column("woke", sa.Boolean, nullable=False),
+        *(sa.Column(name, integer, nullable=True) for name in _V3_REQUEST_OPTIONAL_INT),
+        sa.Column("prompt_tokens", integer, nullable=False),
+        sa.Column("completion_tokens", integer, nullable=False),
+        sa.Index("ix_dedicated_requests_endpoint_at", "endpoint_id", "at"),
+    )
+    sa.Table(
+        "dedicated_leases",
+        md,
+        sa.Column("name", text, primary_key=True),
+        sa.Column("holder", text, nullable=False),
+        sa.Column("expires_at", ts, nullable=False),
+    )
+    md.create_all(conn)
+
+
+_V3_ENDPOINT_TEXT = ("org_id", "created_by", "model_id", "slug", "mode", "lifecycle", "gpu_type")
+_V3_ENDPOINT_INT = (
+    "min_replicas",
+    "max_replicas",
+    "reserved_floor",
+    "cards_per_replica",
+    "revision",
+    "deploy_version",
+)
+_V3_ENDPOINT_OPTIONAL_TEXT = (
+    "pending",
+    "scaling",
+    "engine",
+    "previous",
+    "previous_mode",
+    "deployed_hash",
+    "live",
+    "last_error",
+)
+_V3_ENDPOINT_OPTIONAL_TS = (
+    "pending_since",
+    "mode_changed_at",
+    "engine_changed_at",
+    "deleted_at",
+    "deployed_at",
+    "observed_at",
+)
+_V3_REPLICA_TEXT = ("deployment", "capacity_class", "gpu_type", "state")
+_V3_REPLICA_OPTIONAL_TS = ("ready_at", "drain_requested_at", "scaled_down_at")
+_V3_REQUEST_OPTIONAL_INT = ("ttft_ms", "latency_ms", "cold_wait_ms", "cached_tokens")
+
+
+# ---- The ordered history. Append new migrations at the end. ----------------
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "accounts", _v1_accounts),
+    Migration(2, "usage_ledger", _v2_usage_ledger),
+    Migration(3, "dedicated_endpoints", _v3_dedicated),
+)
+
+
+def _check_history(migrations: Sequence[Migration]) -> None:
+    versions = [m.version for m in migrations]
+    if versions != sorted(set(versions)) or (versions and versions[0] < 1):
+        raise ValueError(f"migration versions must be unique, positive and ascending: {versions}")
+
+
+def _lock(conn: Connection) -> None:
+    """Serialise concurrent runners; SQLite already holds its lock via BEGIN IMMEDIATE."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_LOCK_KEY)))
+
+
+def applied_versions(conn: Connection) -> set[int]:
+    """Versions recorded in ``schema_migrations`` (empty on a fresh database)."""
+    if not sa.inspect(conn).has_table(schema_migrations.name):
+        return set()
+    return set(conn.execute(sa.select(schema_migrations.c.version)).scalars())
+
+
+def run_migrations(engine: Engine, migrations: Sequence[Migration] = MIGRATIONS) -> list[int]:
+    """Apply every migration not yet recorded; return the versions applied now."""
+    _check_history(migrations)
+    newly_applied: list[int] = []
+    with engine.connect() as conn:
+        conn.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+        with conn.begin():
+            _lock(conn)
+            schema_migrations.create(conn, checkfirst=True)
+            done = applied_versions(conn)
+            for migration in migrations:
+                if migration.version in done:
+                    continue
+                logger.info("applying migration %d (%s)", migration.version, migration.name)
+                migration.apply(conn)
+                conn.execute(
+                    sa.insert(schema_migrations).values(
+                        version=migration.version, name=migration.name, applied_at=utcnow()
+                    )
+                )
+                newly_applied.append(migration.version)
+            unknown = done - {m.version for m in migrations}
+            if unknown:
+                logger.warning(
+                    "database has migrations this code does not know: %s", sorted(unknown)
+                )
+    return newly_applied

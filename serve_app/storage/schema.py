@@ -1,0 +1,208 @@
+"""The current shape of every table, as SQLAlchemy Core ``Table`` objects.
+
+Queries import their tables from here. Migrations do not: a migration records
+history, and history must not change when a column is added here later (see
+``serve_app.storage.migrations``). A unit test reflects a migrated database and
+checks it matches this module, so the two cannot drift apart unnoticed.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+
+def utcnow() -> datetime:
+    """Timestamps are stored in UTC so SQLite and PostgreSQL agree on them."""
+    return datetime.now(UTC)
+
+
+# Bootstrap table of the migration runner; its shape must never change.
+schema_migrations = sa.Table(
+    "schema_migrations",
+    metadata,
+    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("applied_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+orgs = sa.Table(
+    "orgs",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("name", sa.Text, nullable=False, unique=True),
+    sa.Column("external_providers_enabled", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("internal", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+users = sa.Table(
+    "users",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("name", sa.Text, nullable=False, unique=True),
+    # NULL limits mean "the platform default governs" (UserLimits).
+    sa.Column("rpm", sa.Integer, nullable=True),
+    sa.Column("tpm", sa.Integer, nullable=True),
+    sa.Column("daily_tokens", sa.BigInteger, nullable=True),
+    sa.Column("web_search_enabled", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("web_fetch_enabled", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("code_interpreter_enabled", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+memberships = sa.Table(
+    "memberships",
+    metadata,
+    sa.Column("user_id", sa.Text, sa.ForeignKey("users.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("org_id", sa.Text, sa.ForeignKey("orgs.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.CheckConstraint("role IN ('member', 'admin')", name="ck_memberships_role"),
+)
+
+api_keys = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    # Only the peppered HMAC of a key is stored; the raw key is shown once.
+    sa.Column("key_hash", sa.Text, nullable=False),
+    # First characters after the vendor prefix, so a listing can tell keys apart.
+    sa.Column("display_prefix", sa.Text, nullable=False),
+    sa.Column("user_id", sa.Text, sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("org_id", sa.Text, sa.ForeignKey("orgs.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("scopes", sa.Text, nullable=False),  # space-separated scope names
+    sa.Column("rpm", sa.Integer, nullable=True),
+    sa.Column("tpm", sa.Integer, nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Index("ix_api_keys_key_hash", "key_hash", unique=True),
+    sa.Index("ix_api_keys_user_id", "user_id"),
+)
+
+# One row per billed request (serve_app.billing). request_id is the idempotency
+# key: the ledger inserts with "on conflict do nothing", so replays never bill twice.
+usage_records = sa.Table(
+    "usage_records",
+    metadata,
+    sa.Column("request_id", sa.Text, primary_key=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("user_id", sa.Text, nullable=False),
+    sa.Column("key_id", sa.Text, nullable=False),
+    sa.Column("org_id", sa.Text, nullable=False),
+    sa.Column("model", sa.Text, nullable=False),
+    sa.Column("route", sa.Text, nullable=False),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("prompt_tokens", sa.BigInteger, nullable=False),
+    sa.Column("completion_tokens", sa.BigInteger, nullable=False),
+    sa.Column("cached_tokens", sa.BigInteger, nullable=True),
+    sa.Column("reasoning_tokens", sa.BigInteger, nullable=True),
+    sa.Column("requests", sa.Integer, nullable=False),
+    sa.Column("web_searches", sa.Integer, nullable=False),
+    sa.Column("code_seconds", sa.Float, nullable=False),
+    sa.Column("images", sa.Integer, nullable=False),
+    sa.Column("audio_seconds", sa.Float, nullable=False),
+    # The price in force when the request ran, copied so history never changes.
+    sa.Column("currency", sa.Text, nullable=False),
+    sa.Column("pricing_mode", sa.Text, nullable=False),
+    sa.Column("input_per_mtok", sa.Float, nullable=False),
+    sa.Column("output_per_mtok", sa.Float, nullable=False),
+    sa.Column("per_image", sa.Float, nullable=True),
+    sa.Column("per_audio_second", sa.Float, nullable=True),
+    sa.Column("spot_multiplier", sa.Float, nullable=True),
+    sa.Column("cost", sa.Float, nullable=False),
+    sa.CheckConstraint("status IN ('ok', 'partial', 'aborted')", name="ck_usage_records_status"),
+    sa.Index("ix_usage_records_user_created", "user_id", "created_at"),
+)
+
+# Dedicated endpoints (serve_app.dedicated). Rows are never removed: a deleted endpoint keeps
+# its alias (never reused) and its billing history. ``revision`` grows with every API change;
+# the reconciler's state transitions are conditional on it, so they never undo a newer change.
+dedicated_endpoints = sa.Table(
+    "dedicated_endpoints",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("org_id", sa.Text, nullable=False),
+    sa.Column("created_by", sa.Text, nullable=False),
+    sa.Column("model_id", sa.Text, nullable=False),
+    sa.Column("slug", sa.Text, nullable=False),
+    sa.Column("mode", sa.Text, nullable=False),
+    sa.Column("lifecycle", sa.Text, nullable=False),
+    sa.Column("gpu_type", sa.Text, nullable=False),
+    sa.Column("alias", sa.Text, nullable=False, unique=True),
+    sa.Column("min_replicas", sa.Integer, nullable=False),
+    sa.Column("max_replicas", sa.Integer, nullable=False),
+    sa.Column("reserved_floor", sa.Integer, nullable=False),
+    sa.Column("cards_per_replica", sa.Integer, nullable=False),
+    sa.Column("revision", sa.Integer, nullable=False),
+    sa.Column("deploy_version", sa.Integer, nullable=False),
+    sa.Column("rolled_back", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("pending", sa.Text, nullable=True),  # provision | mode | engine | resume | rollback
+    sa.Column("scaling", sa.Text, nullable=True),  # JSON DedicatedScalingPolicy
+    sa.Column("engine", sa.Text, nullable=True),  # JSON DedicatedEngineConfig
+    sa.Column("previous", sa.Text, nullable=True),  # JSON {mode, reserved_floor, engine}
+    sa.Column("previous_mode", sa.Text, nullable=True),
+    sa.Column("deployed_hash", sa.Text, nullable=True),  # AppSpec fingerprint now in Serve
+    sa.Column("live", sa.Text, nullable=True),  # JSON observation of Serve's state
+    sa.Column("last_error", sa.Text, nullable=True),
+    sa.Column("block_tokens", sa.Integer, nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("pending_since", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("mode_changed_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("engine_changed_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("deleted_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("deployed_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("observed_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Index("ix_dedicated_endpoints_org", "org_id"),
+)
+
+# One row per replica life, opened when Serve reports it placed and closed when it is gone:
+# the billed minutes (spec 1: boot included, until release).
+dedicated_replicas = sa.Table(
+    "dedicated_replicas",
+    metadata,
+    sa.Column("endpoint_id", sa.Text, primary_key=True),
+    sa.Column("replica_id", sa.Text, primary_key=True),
+    sa.Column("deployment", sa.Text, nullable=False),
+    sa.Column("capacity_class", sa.Text, nullable=False),
+    sa.Column("gpu_type", sa.Text, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("cards", sa.Integer, nullable=False),
+    sa.Column("scaled_up_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("ready_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("drain_requested_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("scaled_down_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("error_code", sa.Text, nullable=True),
+    sa.Index("ix_dedicated_replicas_endpoint_up", "endpoint_id", "scaled_up_at"),
+)
+
+# One row per call through a ded/<slug> alias, measured at the gateway (telemetry).
+dedicated_requests = sa.Table(
+    "dedicated_requests",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("endpoint_id", sa.Text, nullable=False),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("outcome", sa.Text, nullable=False),  # ok | incomplete | error
+    sa.Column("replica_id", sa.Text, nullable=True),
+    sa.Column("woke", sa.Boolean, nullable=False),
+    sa.Column("ttft_ms", sa.Integer, nullable=True),
+    sa.Column("latency_ms", sa.Integer, nullable=True),
+    sa.Column("cold_wait_ms", sa.Integer, nullable=True),
+    sa.Column("cached_tokens", sa.Integer, nullable=True),
+    sa.Column("prompt_tokens", sa.Integer, nullable=False),
+    sa.Column("completion_tokens", sa.Integer, nullable=False),
+    sa.Index("ix_dedicated_requests_endpoint_at", "endpoint_id", "at"),
+)
+
+# Single-flight of the reconciler across gateway replicas.
+dedicated_leases = sa.Table(
+    "dedicated_leases",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("holder", sa.Text, nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+)

@@ -1,0 +1,248 @@
+"""Chat completions with server tools: the tool loop rendered as chat (spec 4.1, 6).
+
+The route sends a chat request here only when it declares a server tool (or
+``web_search_options``); everything else stays on ``TextService``. The first
+turn is opened by ``TextService`` (same readiness, timeouts, limits), then the
+loop runs. A stream carries, besides the answer's chunks, extension chunks
+with ``choices: []`` and a ``web_search`` object: one per tool call about to
+run (``searching``/``fetching``/``running_code``), the final ``delta.annotations``
+chunk, and exactly one ``done`` chunk. Tool failures are silent here (rule 7).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from serve_app.auth.principal import Principal
+from serve_app.catalog.catalog import residency_routing
+from serve_app.catalog.config import CatalogModel
+from serve_app.inference.assemble import ChatChunker, Collected, chat_completion_body
+from serve_app.inference.metering import MeteredRequest, RequestMeta
+from serve_app.inference.text_service import (
+    IGNORED_PARAMS_HEADER,
+    RESIDENCY_HEADER,
+    MeteredStreamingResponse,
+    TextService,
+)
+from serve_app.inference.translate import translate_chat
+from serve_app.ingress.streaming import DONE_LINE, SSE_HEADERS, aclose_quietly, sse_data, sse_error
+from serve_app.protocol.chat import ChatCompletionRequest
+from serve_app.protocol.errors import GatewayError, InvalidRequestError, UpstreamError
+from serve_app.tools.declarations import (
+    build_plan,
+    check_entitlements,
+    check_name_clash,
+    split_tools,
+)
+from serve_app.tools.guidance import equip_request
+from serve_app.tools.loop import AnswerDelta, LoopEvent, LoopFinished, ToolCallStarted, ToolLoop
+from serve_app.tools.runners import ToolBox, ToolCallRecord, ToolRuntime
+
+logger = logging.getLogger(__name__)
+
+
+def declares_server_tools(body: ChatCompletionRequest) -> bool:
+    """Whether a chat request goes through the tool loop."""
+    if body.web_search_options is not None:
+        return True
+    _, servers = split_tools(body.tools)
+    return bool(servers)
+
+
+def activity(record: ToolCallRecord) -> dict[str, Any]:
+    """The extension chunk's ``web_search`` object for a call about to run (spec 6)."""
+    action = record.action
+    if record.kind == "web_search":
+        return {"status": "searching", "query": action.get("query", "")}
+    if record.kind == "web_fetch":
+        return {"status": "fetching", "url": action.get("url", "")}
+    code = str(action.get("arguments", {}).get("code", ""))
+    return {"status": "running_code", "language": "python", "code_chars": len(code)}
+
+
+class _ChatRun:
+    """One chat request through the loop, rendered as JSON or as SSE frames."""
+
+    def __init__(
+        self,
+        loop: ToolLoop,
+        toolbox: ToolBox,
+        metered: MeteredRequest,
+        model: CatalogModel,
+        price_per_search: float,
+    ) -> None:
+        self.loop = loop
+        self.toolbox = toolbox
+        self.metered = metered
+        self.model = model
+        self.price_per_search = price_per_search
+        self.request_id = metered.meta.request_id
+        self.events: AsyncIterator[LoopEvent] = loop.run()
+        self._text: list[str] = []
+
+    def done_object(self) -> dict[str, Any]:
+        return {
+            "status": "done",
+            "searches": self.toolbox.searches,
+            "price_per_search": self.price_per_search,
+        }
+
+    def cites(self) -> bool:
+        return any(self.toolbox.plan.allows(k) for k in ("web_search", "web_fetch"))
+
+    async def release(self) -> None:
+        await aclose_quietly(self.events)
+        await self.metered.finish(aborted=True)
+
+    async def body(self) -> dict[str, Any]:
+        collected = Collected()
+        aborted = True
+        try:
+            async for event in self.events:
+                if isinstance(event, AnswerDelta):
+                    collected.add(event.delta)
+                elif isinstance(event, LoopFinished):
+                    collected.done = event.done
+            aborted = False
+        except Exception:
+            aborted = False
+            raise
+        finally:
+            await aclose_quietly(self.events)
+            await self.metered.finish(aborted=aborted)
+        separate = self.model.reasoning.separate_channel
+        body = chat_completion_body(self.request_id, self.model.id, collected, 1, separate)
+        message = body["choices"][0]["message"]
+        if self.cites():
+            citations = self.toolbox.sources.citations(message.get("content") or "")
+            message["annotations"] = [c.for_chat() for c in citations]
+        if self.toolbox.used.get("web_search"):
+            body["web_search"] = {
+                "searches": self.toolbox.searches,
+                "price_per_search": self.price_per_search,
+            }
+        return body
+
+    async def frames(self, include_usage: bool) -> AsyncIterator[bytes]:
+        chunker = ChatChunker(self.request_id, self.model.id, self.model.reasoning.separate_channel)
+        aborted, failure = True, None
+        try:
+            yield sse_data(chunker.role(1))
+            async for event in self.events:
+                for chunk in self._chunks(chunker, event, include_usage):
+                    yield sse_data(chunk)
+            aborted = False
+        except GatewayError as err:
+            aborted, failure = False, err
+        except Exception:
+            aborted, failure = False, UpstreamError("The model stream broke.")
+            logger.exception("tool loop stream failed")
+        finally:
+            await aclose_quietly(self.events)
+            await self.metered.finish(aborted=aborted)
+        if failure is not None:
+            yield sse_data(self._extension(chunker, self.done_object()))
+            yield sse_error(failure)
+        routing = residency_routing(self.model)
+        if routing is not None:
+            yield sse_data(chunker.routing(routing.model_dump(exclude_none=True)))
+        yield DONE_LINE
+
+    def _chunks(
+        self, chunker: ChatChunker, event: LoopEvent, include_usage: bool
+    ) -> list[dict[str, Any]]:
+        if isinstance(event, ToolCallStarted):
+            return [self._extension(chunker, activity(event.record))]
+        if isinstance(event, AnswerDelta):
+            if event.delta.text:
+                self._text.append(event.delta.text)
+            chunks = []
+            if event.delta.finish_reason is not None and self.cites():
+                chunks.append(self._annotations(chunker))  # the answer's last content chunk
+            chunk = chunker.delta(event.delta)
+            return chunks + ([chunk] if chunk is not None else [])
+        if not isinstance(event, LoopFinished):
+            return []
+        chunks = [self._extension(chunker, self.done_object())]
+        if include_usage:
+            chunks.append(chunker.usage(event.done))
+        return chunks
+
+    def _annotations(self, chunker: ChatChunker) -> dict[str, Any]:
+        citations = self.toolbox.sources.citations("".join(self._text))
+        delta = {"annotations": [c.for_chat() for c in citations]}
+        return {**chunker.base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+
+    @staticmethod
+    def _extension(chunker: ChatChunker, activity_object: dict[str, Any]) -> dict[str, Any]:
+        return {**chunker.base, "choices": [], "web_search": activity_object}
+
+
+class ToolChatService:
+    """Chat requests that declare server tools."""
+
+    def __init__(self, text: TextService, runtime: ToolRuntime) -> None:
+        self.text = text
+        self.runtime = runtime
+
+    async def chat(self, body: ChatCompletionRequest, principal: Principal) -> Any:
+        model = self.text.catalog.resolve(body.model, principal, "chat")
+        functions, servers = split_tools(body.tools)
+        plan = build_plan(servers, body.web_search_options)
+        check_entitlements(plan, principal, model)
+        check_name_clash(functions, plan)
+        if body.n > 1:
+            raise InvalidRequestError(
+                "n > 1 is not supported together with server tools.",
+                code="unsupported_parameter",
+                param="n",
+            )
+        translated = await translate_chat(body, model, self.text.images)
+        relayed = translated.head_request.prompts[0].tools or []
+        request = equip_request(translated.head_request, plan, relayed, body.tool_choice)
+        meta = RequestMeta(principal, model, "chat", request.request_id, 1)
+        started, events, metered = await self.text.open_turn(meta, request)
+        toolbox = ToolBox(self.runtime, plan)
+        loop = ToolLoop(
+            request=request,
+            first_events=events,
+            start_turn=functools.partial(self.text.start_turn, model),
+            metered=metered,
+            toolbox=toolbox,
+            functions=relayed,
+        )
+        run = _ChatRun(
+            loop, toolbox, metered, model, self.runtime.options.web_search.price_per_search
+        )
+        headers = response_headers(translated.ignored_params + started.ignored_params, model)
+        if not body.stream:
+            return JSONResponse(await _with_routing(run, model), headers=headers)
+        return MeteredStreamingResponse(
+            run.frames(body.include_usage()),
+            release=run.release,
+            media_type="text/event-stream",
+            headers={**SSE_HEADERS, **headers},
+        )
+
+
+async def _with_routing(run: _ChatRun, model: CatalogModel) -> dict[str, Any]:
+    body = await run.body()
+    routing = residency_routing(model)
+    if routing is not None:
+        body["routing"] = routing.model_dump(exclude_none=True)
+    return body
+
+
+def response_headers(ignored: list[str], model: CatalogModel) -> dict[str, str]:
+    """``x-service-ignored-params`` and the residency header (shared with responses)."""
+    headers: dict[str, str] = {}
+    if ignored:
+        headers[IGNORED_PARAMS_HEADER] = ", ".join(sorted(set(ignored)))
+    if model.is_external:
+        headers[RESIDENCY_HEADER] = "external"
+    return headers

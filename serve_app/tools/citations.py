@@ -1,0 +1,86 @@
+"""Numbered sources and the ``url_citation`` annotations built from ``[n]`` markers.
+
+Every search result and fetched page gets a number the first time its URL is
+seen in a request (the same URL keeps its number), and the model is asked to
+cite with ``[n]``. After the answer, each marker naming a known source becomes
+an annotation: ``index`` (the number, authoritative) and a best-effort span of
+the marker in the text (``start_index``/``end_index``, Unicode code points).
+Sources the model never cited are still listed, with an empty span at the end
+of the text (spec 2.10), so a client can show every source consulted.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+_MARKER = re.compile(r"\[(\d{1,3}(?:\s*,\s*\d{1,3})*)\]")
+
+
+@dataclass(frozen=True)
+class Source:
+    index: int
+    url: str
+    title: str
+
+
+@dataclass(frozen=True)
+class Citation:
+    source: Source
+    start_index: int
+    end_index: int
+
+    def for_responses(self) -> dict[str, Any]:
+        return {
+            "type": "url_citation",
+            "url": self.source.url,
+            "title": self.source.title,
+            "index": self.source.index,
+            "start_index": self.start_index,
+            "end_index": self.end_index,
+        }
+
+    def for_chat(self) -> dict[str, Any]:
+        return {
+            "type": "url_citation",
+            "url_citation": {
+                "index": self.source.index,
+                "title": self.source.title,
+                "url": self.source.url,
+                "start_index": self.start_index,
+                "end_index": self.end_index,
+            },
+        }
+
+
+class SourceList:
+    """The sources of one request, numbered from 1 in order of first appearance."""
+
+    def __init__(self) -> None:
+        self._by_url: dict[str, Source] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_url)
+
+    def add(self, url: str, title: str) -> Source:
+        source = self._by_url.get(url)
+        if source is None:
+            source = Source(len(self._by_url) + 1, url, title or url)
+            self._by_url[url] = source
+        return source
+
+    def citations(self, text: str) -> list[Citation]:
+        """Cited sources in order of their markers, then the uncited ones at the end."""
+        by_index = {s.index: s for s in self._by_url.values()}
+        found: list[Citation] = []
+        cited: set[int] = set()
+        for match in _MARKER.finditer(text):
+            for number in match.group(1).split(","):
+                source = by_index.get(int(number))
+                if source is not None:
+                    found.append(Citation(source, match.start(), match.end()))
+                    cited.add(source.index)
+        end = len(text)
+        found.extend(Citation(s, end, end) for s in self._by_url.values() if s.index not in cited)
+        return found

@@ -1,0 +1,94 @@
+"""Typed settings of the server tools (the ``tools:`` block of the Serve config args).
+
+Secrets never live here: the search provider's API key is read from the
+environment variable named by ``api_key_env``, like external model providers.
+Everything is ``extra="forbid"`` so a typo fails ``serve deploy``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WebSearchOptions(_Strict):
+    """Where ``web_search`` sends queries."""
+
+    provider: Literal["none", "searxng", "brave"] = Field(
+        default="none",
+        description="none: every search fails (tool unavailable); searxng: a SearXNG "
+        "instance's JSON API (GET {url}/search?format=json); brave: the Brave Search API.",
+    )
+    url: str | None = Field(
+        default=None,
+        description="Base URL of the provider (SearXNG instance root, or the Brave endpoint "
+        "https://api.search.brave.com/res/v1/web/search).",
+    )
+    api_key_env: str | None = Field(
+        default=None, description="Environment variable holding the provider's API key."
+    )
+    timeout_s: float = Field(default=10.0, gt=0, description="Per search request.")
+    price_per_search: float = Field(
+        default=0.0, ge=0, description="Published in the web_search object (spec 2.5)."
+    )
+    snippet_chars: int = Field(
+        default=400, ge=50, description="Longest snippet per result handed to the model."
+    )
+
+
+class WebFetchOptions(_Strict):
+    """Limits of ``web_fetch`` (hostile-input rules, like remote images)."""
+
+    timeout_s: float = Field(default=10.0, gt=0, description="Whole fetch, redirects included.")
+    max_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, description="Largest body read.")
+    max_chars: int = Field(
+        default=12_000, ge=200, description="Longest page text handed to the model."
+    )
+    max_redirects: int = Field(default=3, ge=0, description="Redirect hops, each re-checked.")
+    allow_private_hosts: bool = Field(
+        default=False,
+        description="Allow loopback/private/link-local targets. Tests only: it disables "
+        "the SSRF guard.",
+    )
+
+
+class CodeInterpreterOptions(_Strict):
+    """The bubblewrap sandbox of ``code_interpreter`` (spec 8: code run limits)."""
+
+    python: str = Field(
+        default="/usr/bin/python3", description="Interpreter inside the sandbox (from /usr)."
+    )
+    network: Literal["slirp", "none", "host"] = Field(
+        default="slirp",
+        description="slirp: outbound internet through slirp4netns, host loopback and "
+        "private ranges blocked; none: no network; host: the host's network (loopback "
+        "included; never in production).",
+    )
+    memory_mb: int = Field(default=512, ge=64, description="Address space per process.")
+    max_processes: int = Field(default=64, ge=4, description="Processes per run.")
+    tmp_mb: int = Field(default=64, ge=1, description="Size of the writable /tmp.")
+    max_output_bytes: int = Field(
+        default=64 * 1024, ge=1024, description="stdout/stderr kept per run (rest dropped)."
+    )
+    price_per_second: float = Field(
+        default=0.0, ge=0, description="Billed per second of sandbox wall time (spec 4.1 rule 6)."
+    )
+    uid_base: int = Field(
+        default=200_000,
+        ge=1000,
+        description="When the gateway runs as root, each run gets a random uid in "
+        "[uid_base, uid_base + 65536) so its process limit is its own.",
+    )
+
+
+class ToolsOptions(_Strict):
+    """The three server tools."""
+
+    web_search: WebSearchOptions = Field(default_factory=WebSearchOptions)
+    web_fetch: WebFetchOptions = Field(default_factory=WebFetchOptions)
+    code_interpreter: CodeInterpreterOptions = Field(default_factory=CodeInterpreterOptions)

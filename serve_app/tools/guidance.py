@@ -1,0 +1,108 @@
+"""What the model is told about server tools: function schemas and guidance text.
+
+Server tools reach the model as ordinary function declarations (the chat
+template renders them like client functions), plus a short guidance paragraph
+merged into the system turn (the ``instructions`` on the responses route), so
+the model knows to cite sources as ``[n]``: the gateway turns exactly those
+markers into ``url_citation`` annotations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from deployments.head_protocol import HeadRequest
+from serve_app.tools.declarations import ServerToolPlan
+
+_SCHEMAS: dict[str, dict[str, Any]] = {
+    "web_search": {
+        "description": "Search the web. Returns numbered results [n] with title, URL and snippet.",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string", "description": "The search query."}},
+            "required": ["query"],
+        },
+    },
+    "web_fetch": {
+        "description": "Fetch a web page by URL and return its text, numbered [n] as a source.",
+        "parameters": {
+            "type": "object",
+            "properties": {"url": {"type": "string", "description": "An http(s) URL."}},
+            "required": ["url"],
+        },
+    },
+    "code_interpreter": {
+        "description": "Run a Python 3 program in a fresh sandbox and return what it "
+        "printed. Nothing persists between runs; print the results you need.",
+        "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "Python source."}},
+            "required": ["code"],
+        },
+    },
+}
+
+_GUIDANCE = {
+    "web_search": "web_search to look things up on the web",
+    "web_fetch": "web_fetch to read a page",
+    "code_interpreter": "code_interpreter to run Python (print what you need)",
+}
+
+CITATION_RULE = (
+    "Tool results are numbered like [1]. When you use a fact from a result, cite it right "
+    "after the claim with its number in brackets, e.g. [1] or [1][3]; never invent numbers."
+)
+
+
+def tool_schemas(plan: ServerToolPlan, names: list[str]) -> list[dict[str, Any]]:
+    """Chat-format function declarations of the server tools in ``names`` (declared order)."""
+    return [
+        {"type": "function", "function": {"name": name, **_SCHEMAS[name]}}
+        for name in names
+        if plan.allows(name)
+    ]
+
+
+def guidance_text(plan: ServerToolPlan) -> str:
+    uses = [_GUIDANCE[name] for name in plan.budgets]
+    text = "You can call tools: " + "; ".join(uses) + ". Call a tool only when it helps."
+    if "web_search" in plan.budgets or "web_fetch" in plan.budgets:
+        text += " " + CITATION_RULE
+    return text
+
+
+def merge_guidance(messages: list[dict[str, Any]], guidance: str) -> list[dict[str, Any]]:
+    """The guidance joins the first system turn, or becomes one (never a second one)."""
+    if not guidance:
+        return messages
+    merged = list(messages)
+    first = merged[0] if merged else None
+    if first is not None and first.get("role") == "system":
+        content = first.get("content")
+        if isinstance(content, list):
+            new_content: Any = [*content, {"type": "text", "text": guidance}]
+        else:
+            new_content = f"{content}\n\n{guidance}" if content else guidance
+        merged[0] = {**first, "content": new_content}
+    else:
+        merged.insert(0, {"role": "system", "content": guidance})
+    return merged
+
+
+def equip_request(
+    request: HeadRequest, plan: ServerToolPlan, functions: list[dict[str, Any]], tool_choice: Any
+) -> HeadRequest:
+    """The first turn's request: guidance in the system turn, server tools after functions."""
+    prompt = request.prompts[0]
+    messages = list(prompt.messages or [])
+    if plan.declared:
+        messages = merge_guidance(messages, guidance_text(plan))
+    tools = functions + tool_schemas(plan, list(plan.budgets))
+    equipped = dataclasses.replace(
+        prompt,
+        messages=messages,
+        tools=tools or None,
+        tool_choice=tool_choice if tools else None,
+    )
+    return dataclasses.replace(request, prompts=[equipped])

@@ -1,0 +1,113 @@
+"""``web_search`` behind one small interface, with real HTTP providers.
+
+The loop only needs ``search(query, count) -> hits``, so a provider is a class
+with that method. Two speak real public APIs: SearXNG's JSON API (self-hosted
+metasearch: ``GET {url}/search?q=...&format=json``) and the Brave Search API
+(``X-Subscription-Token``). The provider URL is operator configuration, not
+model input, so it is called directly (no SSRF guard); the key comes from the
+environment variable the config names. Tests point the SearXNG provider at a
+loopback server they start themselves: the same code path as production.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+
+from serve_app.tools.config import WebSearchOptions
+
+
+class SearchError(Exception):
+    """The search did not run; the message is safe to show the model."""
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    title: str
+    url: str
+    snippet: str
+
+
+class SearchProvider(Protocol):
+    async def search(self, query: str, count: int) -> list[SearchHit]: ...
+
+
+class DisabledSearchProvider:
+    """No provider configured: every search fails (a failed item, never a failed request)."""
+
+    async def search(self, query: str, count: int) -> list[SearchHit]:
+        raise SearchError("web search is not configured on this gateway")
+
+
+class _HttpProvider:
+    def __init__(self, options: WebSearchOptions) -> None:
+        if not options.url:
+            raise ValueError(f"tools.web_search.url is required for provider {options.provider}")
+        self.url = options.url.rstrip("/")
+        self.timeout_s = options.timeout_s
+        self.snippet_chars = options.snippet_chars
+        self.api_key = os.environ.get(options.api_key_env, "") if options.api_key_env else ""
+
+    async def _get_json(self, url: str, params: dict[str, Any], headers: dict[str, str]) -> Any:
+        try:
+            async with httpx.AsyncClient(timeout=self.timeout_s, trust_env=False) as client:
+                response = await client.get(url, params=params, headers=headers)
+        except httpx.HTTPError as err:
+            raise SearchError(
+                f"the search provider is unreachable ({type(err).__name__})"
+            ) from None
+        if response.status_code != 200:
+            raise SearchError(f"the search provider answered HTTP {response.status_code}")
+        try:
+            return response.json()
+        except ValueError:
+            raise SearchError("the search provider answered with invalid JSON") from None
+
+    def _hits(self, rows: Any, snippet_key: str, count: int) -> list[SearchHit]:
+        hits: list[SearchHit] = []
+        for row in rows if isinstance(rows, list) else []:
+            if not isinstance(row, dict) or not isinstance(row.get("url"), str):
+                continue
+            if not row["url"].startswith(("http://", "https://")):
+                continue
+            snippet = str(row.get(snippet_key) or "")[: self.snippet_chars]
+            hits.append(SearchHit(str(row.get("title") or row["url"]), row["url"], snippet))
+            if len(hits) >= count:
+                break
+        return hits
+
+
+class SearxngProvider(_HttpProvider):
+    """A SearXNG instance with the ``json`` output format enabled."""
+
+    async def search(self, query: str, count: int) -> list[SearchHit]:
+        headers = {"Accept": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        data = await self._get_json(
+            f"{self.url}/search", {"q": query, "format": "json"}, headers=headers
+        )
+        rows = data.get("results") if isinstance(data, dict) else None
+        return self._hits(rows, "content", count)
+
+
+class BraveProvider(_HttpProvider):
+    """The Brave Search web endpoint (``url`` is the full endpoint URL)."""
+
+    async def search(self, query: str, count: int) -> list[SearchHit]:
+        headers = {"Accept": "application/json", "X-Subscription-Token": self.api_key}
+        data = await self._get_json(self.url, {"q": query, "count": count}, headers=headers)
+        web = data.get("web") if isinstance(data, dict) else None
+        rows = web.get("results") if isinstance(web, dict) else None
+        return self._hits(rows, "description", count)
+
+
+def build_search_provider(options: WebSearchOptions) -> SearchProvider:
+    if options.provider == "searxng":
+        return SearxngProvider(options)
+    if options.provider == "brave":
+        return BraveProvider(options)
+    return DisabledSearchProvider()

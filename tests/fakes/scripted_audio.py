@@ -1,0 +1,84 @@
+"""Scripted speech and transcription engines for tests of the gateway's own logic.
+
+They follow the engine contract of ``deployments.engines.audio_base`` (async,
+blocking work in threads) without a model: speech is a tone whose length
+follows the text, transcription returns configured text. ``delay_s`` holds
+the call on the event loop (timeouts), ``block_s`` blocks a worker thread
+(a replica busy with a long job), ``fail`` raises (the head's 502).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from deployments.engines.audio_base import (
+    SPEC_VOICES,
+    SpeechEngine,
+    SpeechEngineInfo,
+    SynthesizedAudio,
+    Transcript,
+    TranscriptionEngine,
+    TranscriptionEngineInfo,
+    TranscriptionOptions,
+)
+from deployments.engines.audio_factory import (
+    register_speech_backend,
+    register_transcription_backend,
+)
+
+SCRIPTED_RATE = 16_000
+
+
+async def _act(config: dict[str, Any]) -> None:
+    if config.get("delay_s"):
+        await asyncio.sleep(float(config["delay_s"]))
+    if config.get("block_s"):
+        await asyncio.to_thread(time.sleep, float(config["block_s"]))
+    if config.get("fail"):
+        raise RuntimeError("scripted engine failure")
+
+
+class ScriptedSpeechEngine(SpeechEngine):
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.calls: list[tuple[str, str]] = []
+
+    async def start(self) -> SpeechEngineInfo:
+        return SpeechEngineInfo(
+            voices={v: f"scripted-{v}" for v in SPEC_VOICES},
+            sample_rate=SCRIPTED_RATE,
+            emotion_tags=bool(self.config.get("emotion_tags", False)),
+        )
+
+    async def synthesize(self, text: str, voice: str) -> SynthesizedAudio:
+        self.calls.append((text, voice))
+        await _act(self.config)
+        seconds = 0.05 * max(1, len(text.split()))
+        t = np.arange(int(seconds * SCRIPTED_RATE), dtype=np.float32) / SCRIPTED_RATE
+        samples: npt.NDArray[np.float32] = (0.2 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+        return SynthesizedAudio(samples=samples, sample_rate=SCRIPTED_RATE)
+
+
+class ScriptedTranscriptionEngine(TranscriptionEngine):
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.calls: list[tuple[int, TranscriptionOptions]] = []
+
+    async def start(self) -> TranscriptionEngineInfo:
+        return TranscriptionEngineInfo(sample_rate=SCRIPTED_RATE)
+
+    async def transcribe(
+        self, samples: npt.NDArray[np.float32], options: TranscriptionOptions
+    ) -> Transcript:
+        self.calls.append((int(samples.size), options))
+        await _act(self.config)
+        return Transcript(text=str(self.config.get("text", "scripted transcript")), language="en")
+
+
+register_speech_backend("scripted-speech", ScriptedSpeechEngine)
+register_transcription_backend("scripted-transcription", ScriptedTranscriptionEngine)

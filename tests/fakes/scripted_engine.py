@@ -1,0 +1,159 @@
+"""A scripted ``TextEngine`` for tests of the gateway's own logic.
+
+It is not a model: it tokenizes on whitespace and answers from a script, so a
+test can make it fail mid-stream, stall, reason, or call a tool, and assert on
+what the gateway does with that. Directives are read from the last user
+message:
+
+- ``#fail-before``: raise before the first delta.
+- ``#fail-after N``: raise after N deltas.
+- ``#stall S``: sleep S seconds before answering.
+- ``#tool NAME``: answer with one function call to NAME.
+- ``#script [...]``: a JSON list of turns for tool-loop tests (see ``scripted_turns``).
+- anything else: the reply is ``config["reply"]`` (default echoes the prompt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from deployments.engines.base import (
+    EngineEvent,
+    EngineInfo,
+    GenerationDone,
+    PreparedPrompt,
+    PromptSpec,
+    SamplingSpec,
+    TextDelta,
+    TextEngine,
+    ToolCallDelta,
+)
+from tests.fakes.scripted_turns import MARKER, pick_turn, play_turn, turn_number
+
+
+class ScriptedEngineError(RuntimeError):
+    """Raised on purpose by a directive."""
+
+
+class ScriptedEngine(TextEngine):
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        self.config = dict(config or {})
+        self.max_model_len = int(self.config.get("max_model_len", 256))
+        self.reasoning = str(self.config.get("reasoning", ""))
+        self.vocab: dict[str, int] = {}
+        self.words: list[str] = []
+        self.aborted: list[str] = []
+        self.seen: list[tuple[PromptSpec | None, SamplingSpec]] = []
+
+    async def start(self) -> EngineInfo:
+        return EngineInfo(
+            max_model_len=self.max_model_len, separate_reasoning_channel=bool(self.reasoning)
+        )
+
+    def supported_extra_params(self) -> frozenset[str]:
+        return frozenset(self.config.get("extra_params", ["top_k", "min_p"]))
+
+    def _ids(self, text: str) -> list[int]:
+        ids = []
+        for word in text.split():
+            if word not in self.vocab:
+                self.vocab[word] = len(self.words)
+                self.words.append(word)
+            ids.append(self.vocab[word])
+        return ids
+
+    async def prepare(self, prompt: PromptSpec) -> PreparedPrompt:
+        if prompt.kind == "chat":
+            lines = []
+            for m in prompt.messages or []:
+                content = m.get("content")
+                if isinstance(content, list):
+                    content = " ".join(str(p.get("text", "<image>")) for p in content)
+                lines.append(f"{m['role']}: {content or ''}")
+            text = "\n".join(lines) + "\nassistant:"
+        else:
+            text = prompt.prompt or ""
+        last = self._last_user(prompt)
+        payload = {"last": last, "prompt": prompt, "turn": turn_number(prompt)}
+        return PreparedPrompt(token_ids=self._ids(text), payload=payload)
+
+    @staticmethod
+    def _last_user(prompt: PromptSpec) -> str:
+        if prompt.kind == "completion":
+            return prompt.prompt or ""
+        for m in reversed(prompt.messages or []):
+            if m.get("role") == "user" and isinstance(m.get("content"), str):
+                return str(m["content"])
+            if m.get("role") == "user" and isinstance(m.get("content"), list):
+                return " ".join(str(p.get("text", "")) for p in m["content"])
+        return ""
+
+    async def generate(
+        self, request_id: str, prompt: PreparedPrompt, sampling: SamplingSpec
+    ) -> AsyncIterator[EngineEvent]:
+        last: str = prompt.payload["last"]
+        self.seen.append((prompt.payload["prompt"], sampling))
+        try:
+            async for event in self._script(request_id, last, prompt, sampling):
+                yield event
+        except (asyncio.CancelledError, GeneratorExit):
+            self.aborted.append(request_id)
+            raise
+
+    async def _script(
+        self, request_id: str, last: str, prompt: PreparedPrompt, sampling: SamplingSpec
+    ) -> AsyncIterator[EngineEvent]:
+        if MARKER in last:
+            turn = pick_turn(last, prompt.payload["turn"])
+            async for event in play_turn(turn, prompt.payload["turn"], prompt.num_tokens, sampling):
+                yield event
+            return
+        words = last.split()
+        if "#stall" in words:
+            await asyncio.sleep(float(words[words.index("#stall") + 1]))
+        if "#fail-before" in words:
+            raise ScriptedEngineError("scripted failure before output")
+        fail_after = int(words[words.index("#fail-after") + 1]) if "#fail-after" in words else None
+        total = 0
+        for choice in range(sampling.n):
+            if "#tool" in words:
+                call = ToolCallDelta(
+                    id=f"call_{choice}",
+                    name=words[words.index("#tool") + 1],
+                    arguments=json.dumps({"q": "x"}),
+                )
+                yield TextDelta(
+                    choice, tool_calls=[call], finish_reason="tool_calls", completion_tokens=1
+                )
+                total += 1
+                continue
+            produced = 0
+            for word in self.reasoning.split():
+                produced += 1
+                yield TextDelta(choice, reasoning=word + " ", completion_tokens=produced)
+            reply = str(self.config.get("reply", "")) or " ".join(words) or "ok"
+            tokens = reply.split()
+            stop_hit = any(s in tokens for s in sampling.stop)
+            for i, word in enumerate(tokens):
+                if word in sampling.stop:
+                    break
+                if fail_after is not None and i >= fail_after:
+                    raise ScriptedEngineError("scripted failure mid-stream")
+                if produced >= sampling.max_tokens:
+                    break
+                produced += 1
+                yield TextDelta(choice, text=(" " if i else "") + word, completion_tokens=produced)
+            finish = "length" if produced >= sampling.max_tokens and not stop_hit else "stop"
+            yield TextDelta(choice, finish_reason=finish, completion_tokens=produced)
+            total += produced
+        yield GenerationDone(
+            prompt_tokens=prompt.num_tokens,
+            completion_tokens=total,
+            reasoning_tokens=len(self.reasoning.split()) * sampling.n if self.reasoning else None,
+        )
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)

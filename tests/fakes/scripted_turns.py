@@ -1,0 +1,94 @@
+"""Multi-turn scripts for the scripted engine: drive the server-tool loop from a test.
+
+A user message ``#script [turn, turn, ...]`` (JSON after the marker) scripts
+the model's turns after that message; the turn played is the number of
+assistant messages since it, so the script is stateless and works through
+any gateway (in-process or on Ray Serve). A turn is an object with any of:
+
+- ``reasoning``: text on the reasoning channel first;
+- ``reply``: answer text (one delta per word);
+- ``call`` (+ ``arguments``, an object or a raw string) or ``calls``
+  (a list of ``{name, arguments}``): tool calls after the text;
+- ``fail_after``: raise after that many words of ``reply``; ``fail_before``.
+
+Turns past the end repeat the last one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from deployments.engines.base import (
+    EngineEvent,
+    GenerationDone,
+    PromptSpec,
+    SamplingSpec,
+    TextDelta,
+    ToolCallDelta,
+)
+
+MARKER = "#script"
+
+
+class ScriptedTurnError(RuntimeError):
+    """Raised on purpose by ``fail_before`` / ``fail_after``."""
+
+
+def turn_number(prompt: PromptSpec) -> int:
+    """Assistant messages after the last user message."""
+    count = 0
+    for message in reversed(prompt.messages or []):
+        if message.get("role") == "user":
+            break
+        if message.get("role") == "assistant":
+            count += 1
+    return count
+
+
+def pick_turn(last_user: str, number: int) -> dict[str, Any]:
+    turns = json.loads(last_user.split(MARKER, 1)[1])
+    return dict(turns[min(number, len(turns) - 1)])
+
+
+def _calls(turn: dict[str, Any], number: int) -> list[ToolCallDelta]:
+    specs = turn.get("calls") or ([{"name": turn["call"], **turn}] if "call" in turn else [])
+    calls = []
+    for i, spec in enumerate(specs):
+        args = spec.get("arguments", {})
+        raw = args if isinstance(args, str) else json.dumps(args)
+        calls.append(ToolCallDelta(id=f"call_t{number}_{i}", name=spec["name"], arguments=raw))
+    return calls
+
+
+async def play_turn(
+    turn: dict[str, Any], number: int, prompt_tokens: int, sampling: SamplingSpec
+) -> AsyncIterator[EngineEvent]:
+    if turn.get("fail_before"):
+        raise ScriptedTurnError("scripted failure before output")
+    produced = 0
+    for word in str(turn.get("reasoning", "")).split():
+        produced += 1
+        yield TextDelta(0, reasoning=word + " ", completion_tokens=produced)
+    reasoning_tokens = produced
+    finish = "stop"
+    for i, word in enumerate(str(turn.get("reply", "")).split()):
+        if "fail_after" in turn and i >= int(turn["fail_after"]):
+            raise ScriptedTurnError("scripted failure mid-stream")
+        if produced >= sampling.max_tokens:
+            finish = "length"
+            break
+        produced += 1
+        yield TextDelta(0, text=(" " if i else "") + word, completion_tokens=produced)
+    calls = _calls(turn, number) if finish != "length" else []
+    if calls:
+        produced += len(calls)
+        finish = "tool_calls"
+        yield TextDelta(0, tool_calls=calls, completion_tokens=produced)
+    yield TextDelta(0, finish_reason=finish, completion_tokens=produced)
+    yield GenerationDone(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=produced,
+        reasoning_tokens=reasoning_tokens if "reasoning" in turn else None,
+    )

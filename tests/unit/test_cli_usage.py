@@ -1,0 +1,96 @@
+"""``gateway usage``: totals per model and cost from the usage ledger."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from serve_app.auth.accounts import AccountStore
+from serve_app.billing.records import UsageQuantities
+from serve_app.billing.store import LedgerStore
+from serve_app.catalog.config import PricingConfig
+from serve_app.cli import main
+from serve_app.settings import GatewaySettings
+from serve_app.storage.db import Database
+from tests.unit.billing.records import make_record
+
+
+@pytest.fixture
+def settings(database_url: str) -> GatewaySettings:
+    return GatewaySettings(database_url=database_url)
+
+
+def seed(settings: GatewaySettings) -> str:
+    db = Database.from_settings(settings)
+    db.migrate()
+    AccountStore(db).create_key("alice", "acme")
+    user = AccountStore(db).get_user("alice")
+    assert user is not None
+    old = datetime(2024, 1, 5, tzinfo=UTC)
+    spot = PricingConfig(
+        mode="spot", input_per_mtok=2.0, output_per_mtok=4.0, spot_multiplier=0.5, gpu_class="l4"
+    )
+    LedgerStore(db).insert(
+        [
+            make_record("a", user_id=user.id, usage=UsageQuantities(100, 40, requests=2)),
+            make_record("b", user_id=user.id, usage=UsageQuantities(50, 10, cached_tokens=20)),
+            make_record(
+                "c", user_id=user.id, model="m2", pricing=spot, usage=UsageQuantities(1000, 500)
+            ),
+            make_record("d", user_id=user.id, created_at=old, usage=UsageQuantities(7, 7)),
+            make_record("e", user_id="someone-else"),
+        ]
+    )
+    db.dispose()
+    return user.id
+
+
+def run(
+    capsys: pytest.CaptureFixture[str], settings: GatewaySettings, *argv: str
+) -> tuple[int, str]:
+    code = main(["usage", *argv], settings=settings)
+    return code, capsys.readouterr().out
+
+
+def test_totals_per_model_and_cost(
+    capsys: pytest.CaptureFixture[str], settings: GatewaySettings
+) -> None:
+    seed(settings)
+    code, out = run(capsys, settings, "--user", "alice", "--since", "2024-06-01")
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert lines[0] == "Usage of user 'alice' since 2024-06-01 (UTC):"
+    assert lines[1].split() == [
+        "MODEL",
+        "REQUESTS",
+        "PROMPT",
+        "COMPLETION",
+        "CACHED",
+        "REASONING",
+        "COST",
+    ]
+    # m1: 100*1 + 40*2 + 50*1 + 10*2 = 250 per million; m2 spot: (1000*2 + 500*4) * 0.5 = 2000.
+    assert lines[2].split() == ["m1", "3", "150", "50", "20", "0", "0.000250", "eur"]
+    assert lines[3].split() == ["m2", "1", "1000", "500", "0", "0", "0.002000", "eur"]
+    assert lines[4].split() == ["TOTAL", "4", "1150", "550", "20", "0", "0.002250", "eur"]
+
+
+def test_all_time_includes_older_records_and_user_ids_work(
+    capsys: pytest.CaptureFixture[str], settings: GatewaySettings
+) -> None:
+    user_id = seed(settings)
+    code, out = run(capsys, settings, "--user", user_id)
+    assert code == 0
+    total = out.strip().splitlines()[-1].split()
+    assert total[:4] == ["TOTAL", "5", "1157", "557"]
+
+
+def test_no_usage_and_bad_dates(
+    capsys: pytest.CaptureFixture[str], settings: GatewaySettings
+) -> None:
+    code, out = run(capsys, settings, "--user", "nobody")
+    assert (code, out.strip()) == (0, "No usage recorded for user 'nobody'.")
+    assert main(["usage", "--user", "x", "--since", "05/01/2024"], settings=settings) == 2
+    assert main(["usage", "--help"], settings=settings) == 0
+    assert "--since" in capsys.readouterr().out

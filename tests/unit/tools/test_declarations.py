@@ -1,0 +1,117 @@
+"""Server-tool declarations, budgets, guidance and citations (spec 2.4, 2.9, 2.10, 4.1, 8)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from serve_app.protocol.errors import InvalidRequestError
+from serve_app.tools.citations import SourceList
+from serve_app.tools.declarations import build_plan, split_tools
+from serve_app.tools.guidance import merge_guidance
+
+
+def plan_of(tools: list[dict[str, Any]], options: dict[str, Any] | None = None) -> Any:
+    _, servers = split_tools(tools)
+    return build_plan(servers, options)
+
+
+def test_default_budgets_and_context_size() -> None:
+    plan = plan_of([{"type": "web_search"}, {"type": "web_fetch"}, {"type": "code_interpreter"}])
+    assert plan.budgets == {"web_search": 6, "web_fetch": 3, "code_interpreter": 4}
+    assert plan.results_per_search == 5
+    assert plan.code_timeout_s == 20.0
+
+
+def test_max_uses_only_lowers() -> None:
+    plan = plan_of([{"type": "web_search", "max_uses": 2}, {"type": "web_fetch", "max_uses": 50}])
+    assert plan.budgets == {"web_search": 2, "web_fetch": 3}
+
+
+@pytest.mark.parametrize(("size", "results"), [("low", 3), ("medium", 5), ("high", 8)])
+def test_search_context_size(size: str, results: int) -> None:
+    assert plan_of([{"type": "web_search", "search_context_size": size}]).results_per_search == (
+        results
+    )
+
+
+@pytest.mark.parametrize(("given", "effective"), [(1, 5.0), (12, 12.0), (60, 20.0)])
+def test_code_timeout_is_clamped(given: float, effective: float) -> None:
+    assert plan_of([{"type": "code_interpreter", "timeout_s": given}]).code_timeout_s == effective
+
+
+@pytest.mark.parametrize(
+    ("tool", "param"),
+    [
+        ({"type": "web_search", "max_uses": 0}, "tools[0].max_uses"),
+        ({"type": "web_search", "max_uses": True}, "tools[0].max_uses"),
+        ({"type": "web_search", "search_context_size": "huge"}, "tools[0].search_context_size"),
+        ({"type": "web_fetch", "search_context_size": "low"}, "tools[0].search_context_size"),
+        ({"type": "web_search", "timeout_s": 5}, "tools[0].timeout_s"),
+        ({"type": "code_interpreter", "timeout_s": "5"}, "tools[0].timeout_s"),
+        ({"type": "file_search"}, "tools"),
+    ],
+)
+def test_bad_declarations_name_the_param(tool: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        plan_of([tool])
+    assert info.value.param == param
+
+
+def test_duplicates_merge_when_they_agree_and_fail_when_not() -> None:
+    assert plan_of([{"type": "web_fetch"}, {"type": "web_fetch"}]).budgets == {"web_fetch": 3}
+    with pytest.raises(InvalidRequestError) as info:
+        plan_of([{"type": "web_fetch"}, {"type": "web_fetch", "max_uses": 1}])
+    assert info.value.param == "tools[1]"
+
+
+def test_web_search_options_is_the_same_switch() -> None:
+    alone = plan_of([], {"search_context_size": "high"})
+    assert alone.budgets == {"web_search": 6} and alone.results_per_search == 8
+    merged = plan_of([{"type": "web_search", "search_context_size": "low"}], {})
+    assert merged.results_per_search == 3
+    agreeing = plan_of(
+        [{"type": "web_search", "search_context_size": "low"}], {"search_context_size": "low"}
+    )
+    assert agreeing.results_per_search == 3
+    with pytest.raises(InvalidRequestError) as info:
+        plan_of(
+            [{"type": "web_search", "search_context_size": "low"}],
+            {"search_context_size": "high"},
+        )
+    assert info.value.param == "web_search_options.search_context_size"
+
+
+def test_guidance_joins_the_first_system_turn() -> None:
+    merged = merge_guidance(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}], "G"
+    )
+    assert merged[0] == {"role": "system", "content": "Be brief.\n\nG"}
+    assert [m["role"] for m in merged] == ["system", "user"]
+    inserted = merge_guidance([{"role": "user", "content": "hi"}], "G")
+    assert inserted[0] == {"role": "system", "content": "G"}
+
+
+def test_citations_index_spans_and_uncited_sources() -> None:
+    sources = SourceList()
+    first = sources.add("https://a.example/", "A")
+    sources.add("https://b.example/", "B")
+    assert sources.add("https://a.example/", "A again") is first  # a URL keeps its number
+    sources.add("https://c.example/", "C")
+    text = "Alpha [3] and beta [1, 9]."
+    cited = sources.citations(text)
+    assert [(c.source.index, c.start_index, c.end_index) for c in cited] == [
+        (3, 6, 9),
+        (1, 19, 25),
+        (2, len(text), len(text)),  # never referenced: empty span at the end
+    ]
+    assert cited[0].for_responses() == {
+        "type": "url_citation",
+        "url": "https://c.example/",
+        "title": "C",
+        "index": 3,
+        "start_index": 6,
+        "end_index": 9,
+    }
+    assert cited[1].for_chat()["url_citation"]["index"] == 1

@@ -1,0 +1,168 @@
+"""The code_interpreter sandbox under abuse (spec 8; issue 4: escape attempts fail safely).
+
+These run real bubblewrap sandboxes; they are skipped where bwrap is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from serve_app.tools.config import CodeInterpreterOptions
+from serve_app.tools.sandbox import BwrapSandbox
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing")
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def sandbox(**options: object) -> BwrapSandbox:
+    return BwrapSandbox(CodeInterpreterOptions.model_validate({"network": "none", **options}))
+
+
+async def test_a_program_runs_and_prints() -> None:
+    run = await sandbox().run("print(sum(range(10)))", 5)
+    assert run.stdout.strip() == "45"
+    assert run.exit_code == 0 and not run.timed_out
+
+
+async def test_no_host_files_environment_or_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "s3cret-value-for-sandbox-test"
+    monkeypatch.setenv("GATEWAY_KEY_PEPPER", secret)  # as if the gateway held a secret
+    code = f"""
+import os
+print(sorted(os.listdir("/")))
+for path in ["/etc/hostname", "/etc/shadow", {str(REPO / "pyproject.toml")!r}, "/root", "/work"]:
+    print(path, os.path.exists(path))
+print("env", sorted(os.environ))
+print("gpu", [d for d in os.listdir("/dev") if d.startswith("nvidia")])
+"""
+    run = await sandbox().run(code, 5)
+    assert secret not in run.stdout
+    assert "GATEWAY_KEY_PEPPER" not in run.stdout
+    lines = run.stdout.splitlines()
+    assert set(eval(lines[0])) <= {
+        "bin",
+        "dev",
+        "etc",
+        "job",
+        "lib",
+        "lib64",
+        "proc",
+        "sbin",
+        "tmp",
+        "usr",
+    }
+    for line in lines[1:6]:
+        assert line.endswith("False"), line
+    assert "gpu []" in run.stdout
+
+
+async def test_reading_a_host_file_fails() -> None:
+    hostname = Path("/etc/hostname")
+    run = await sandbox().run(f"print(open({str(REPO / 'README.md')!r}).read())", 5)
+    assert run.exit_code != 0 and "FileNotFoundError" in run.stderr
+    if hostname.exists() and hostname.read_text().strip():
+        run = await sandbox().run("print(open('/etc/hostname').read())", 5)
+        assert hostname.read_text().strip() not in run.stdout
+
+
+async def test_runaway_loop_is_killed_at_the_timeout_with_its_output() -> None:
+    started = time.monotonic()
+    run = await sandbox().run("print('working', flush=True)\nwhile True:\n    pass", 1.5)
+    elapsed = time.monotonic() - started
+    assert run.timed_out and run.exit_code is None
+    assert run.stdout == "working\n"
+    assert 1.4 <= elapsed < 5
+
+
+async def test_long_sleep_in_a_child_process_does_not_outlive_the_run() -> None:
+    code = "import subprocess\nsubprocess.Popen(['sleep', '60'])\nprint('spawned')"
+    started = time.monotonic()
+    run = await sandbox().run(code, 5)
+    assert run.stdout.strip() == "spawned"
+    assert time.monotonic() - started < 4  # the run ends with its main program
+
+
+async def test_fork_bomb_is_contained() -> None:
+    code = """
+import os, time
+n = 0
+try:
+    while True:
+        if os.fork() == 0:
+            time.sleep(3)
+            os._exit(0)
+        n += 1
+except OSError as err:
+    print("stopped after", n)
+"""
+    run = await sandbox(max_processes=16).run(code, 5)
+    assert "stopped after" in run.stdout
+    assert int(run.stdout.split()[-1]) <= 16
+
+
+async def test_memory_bomb_fails_inside_the_sandbox() -> None:
+    run = await sandbox(memory_mb=128).run("x = bytearray(1024 ** 3)\nprint('allocated')", 5)
+    assert "MemoryError" in run.stderr and "allocated" not in run.stdout
+
+
+async def test_tmp_is_size_capped() -> None:
+    code = "open('/tmp/fill', 'wb').write(b'x' * (8 * 1024 * 1024))\nprint('wrote')"
+    run = await sandbox(tmp_mb=2).run(code, 5)
+    assert "wrote" not in run.stdout
+
+
+async def test_output_is_capped() -> None:
+    run = await sandbox(max_output_bytes=2048).run("print('y' * 100000)", 5)
+    assert len(run.stdout) < 2200 and "more bytes dropped" in run.stdout
+
+
+@pytest.fixture
+def loopback_port() -> Iterator[int]:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    yield server.getsockname()[1]
+    server.close()
+
+
+@pytest.mark.skipif(
+    shutil.which("slirp4netns") is None or os.geteuid() != 0, reason="slirp4netns as root"
+)
+async def test_slirp_network_refuses_host_loopback_and_private_ranges(loopback_port: int) -> None:
+    code = f"""
+import socket
+for host in ["127.0.0.1", "10.0.2.2", "192.168.1.1", "169.254.169.254", "172.16.0.1"]:
+    s = socket.socket()
+    s.settimeout(2)
+    try:
+        s.connect((host, {loopback_port}))
+        print(host, "OPEN")
+    except OSError as err:
+        print(host, "blocked", err.errno)
+"""
+    run = await sandbox(network="slirp").run(code, 10)
+    assert "OPEN" not in run.stdout
+    assert run.stdout.count("blocked") == 5
+
+
+async def test_no_network_mode_has_no_route_out(loopback_port: int) -> None:
+    code = f"""
+import socket
+s = socket.socket()
+s.settimeout(2)
+try:
+    s.connect(("127.0.0.1", {loopback_port}))
+    print("OPEN")
+except OSError:
+    print("blocked")
+"""
+    run = await sandbox().run(code, 5)
+    assert run.stdout.strip() == "blocked"
