@@ -6,7 +6,8 @@ connections, so the same queries run on both.
 
 SQLite needs help to behave like a server database: WAL lets readers run while
 one writer writes, ``busy_timeout`` makes a second writer wait instead of
-failing at once, and foreign keys are off unless asked for. Python's sqlite3
+failing at once (``begin`` takes the write lock up front so that wait always
+applies), and foreign keys are off unless asked for. Python's sqlite3
 driver also opens transactions lazily and never around DDL, so the driver's own
 transaction handling is switched off and SQLAlchemy's ``begin`` hook emits
 ``BEGIN`` itself (the recipe in SQLAlchemy's SQLite dialect documentation).
@@ -87,9 +88,19 @@ class Database:
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
-        """A connection inside one transaction, committed on success, rolled back on error."""
-        with self._engine.begin() as conn:
-            yield conn
+        """A connection inside one write transaction, committed on success, rolled back on error.
+
+        On SQLite the write lock is taken at ``BEGIN`` (``IMMEDIATE``): in WAL mode
+        a transaction that reads first and writes later cannot upgrade once another
+        connection has committed (SQLITE_BUSY_SNAPSHOT fails at once, busy_timeout
+        does not apply), which turned every read-check-insert into a random 500
+        under concurrent writers. Reads that need no lock use ``connect``.
+        """
+        with self._engine.connect() as conn:
+            if self.dialect == "sqlite":
+                conn.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+            with conn.begin():
+                yield conn
 
     @contextmanager
     def connect(self) -> Iterator[Connection]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,41 @@ def test_display_url_hides_the_password() -> None:
     assert "s3cret" not in db.display_url
     assert "db.internal" in db.display_url
     db.dispose()
+
+
+def test_sqlite_write_transactions_that_read_first_survive_a_concurrent_writer(
+    tmp_path: Path,
+) -> None:
+    """A read-then-write transaction must not fail when another writer commits in between.
+
+    In WAL mode a DEFERRED transaction that read a snapshot cannot upgrade to a
+    writer once someone else committed (SQLITE_BUSY_SNAPSHOT, no busy wait), so
+    ``Database.begin`` takes the write lock up front and the other writer waits.
+    """
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    first, second = Database(url), Database(url)
+    first.migrate()
+    insert = "INSERT INTO orgs (id, name, created_at) VALUES (?, ?, CURRENT_TIMESTAMP)"
+    errors: list[BaseException] = []
+
+    def other_writer() -> None:
+        try:
+            with second.begin() as conn:
+                conn.exec_driver_sql(insert, ("o2", "other"))
+        except BaseException as err:  # reported by the assertion below
+            errors.append(err)
+
+    try:
+        with first.begin() as conn:
+            assert conn.exec_driver_sql("SELECT count(*) FROM orgs").scalar() == 0
+            writer = threading.Thread(target=other_writer)
+            writer.start()
+            writer.join(timeout=0.5)  # blocked behind our write lock, or already committed
+            conn.exec_driver_sql(insert, ("o1", "mine"))
+        writer.join(timeout=20)
+        assert not errors
+        with first.connect() as conn:
+            assert conn.exec_driver_sql("SELECT count(*) FROM orgs").scalar() == 2
+    finally:
+        first.dispose()
+        second.dispose()
