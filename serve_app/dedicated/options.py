@@ -179,6 +179,12 @@ class DedicatedOptions(_Strict):
         default=0.001, gt=0, description="Amount of the class resource one replica asks for."
     )
     warming_retry_after_s: int = Field(default=10, ge=1, description="Retry-After while warming.")
+    wake_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="First-event wait of a call that boots a replica from zero (the boot "
+        "included); other calls get timeouts.first_event_s.",
+    )
     max_constructor_retry_count: int = Field(
         default=3, ge=1, description="Failed replica starts before Serve gives a deploy up."
     )

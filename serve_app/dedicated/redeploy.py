@@ -141,6 +141,12 @@ class Redeploys:
                 f"The endpoint already runs in mode '{row.mode}'.", code="mode_unchanged"
             )
         floor = target.reserved_floor or 0
+        if target.mode != "hybrid" and floor < 0:
+            return InvalidRequestError(
+                "reserved_floor must be >= 0 (and applies to hybrid targets only).",
+                code="invalid_value",
+                param="reserved_floor",
+            )
         if target.mode == "hybrid":
             if floor < 1:
                 return InvalidRequestError(

@@ -98,12 +98,19 @@ class CallRecord:
 
 
 class DedicatedHeadClient:
-    """A head client for one call to one endpoint's Serve app."""
+    """A head client for one call to one endpoint's Serve app.
+
+    A call that wakes an endpoint at rest gets its first event only once Serve has
+    booted a replica (weights loaded), so it asks the text service for
+    ``wake_timeout_s`` instead of the ordinary first-event allowance
+    (``first_event_s``; None keeps the gateway's).
+    """
 
     def __init__(self, router: DedicatedRouter, row: EndpointRow, woke: bool) -> None:
         self.router = router
         self.row = row
         self.woke = woke
+        self.first_event_s: float | None = router.options.wake_timeout_s if woke else None
 
     async def stream(self, request: HeadRequest) -> AsyncIterator[HeadEvent]:
         app = app_name_for(self.row.slug)

@@ -68,7 +68,7 @@ def check_replicas(
             "min_replicas must not exceed max_replicas.", code="invalid_value", param="min_replicas"
         )
     if mode != "hybrid":
-        if floor:
+        if floor:  # any value but 0 (negative ones included) asks for a floor
             raise InvalidRequestError(
                 "reserved_floor applies to hybrid endpoints only.",
                 code="invalid_value",
@@ -242,7 +242,7 @@ class DedicatedService:
                 code="invalid_value",
                 param="scaling",
             )
-        if "reserved_floor" in given and row.mode != "hybrid":
+        if body.reserved_floor is not None and row.mode != "hybrid":
             raise InvalidRequestError(
                 "reserved_floor applies to hybrid endpoints only.",
                 code="invalid_value",
@@ -263,8 +263,15 @@ class DedicatedService:
 
     def delete(self, endpoint_id: str, principal: Principal) -> DedicatedEndpoint:
         row = self.require(endpoint_id, principal)
+        # ``live`` is null from now on (spec 2.1: nothing is meant to be deployed); the
+        # replicas still stopping keep billing until the meter sees them gone.
         updated = self.store.update(
-            row, lifecycle="deleted", deleted_at=self.clock(), pending=None, pending_since=None
+            row,
+            lifecycle="deleted",
+            deleted_at=self.clock(),
+            pending=None,
+            pending_since=None,
+            live=None,
         )
         logger.info("dedicated endpoint %s deleted", row.id)
         return self.view(updated)
@@ -273,7 +280,9 @@ class DedicatedService:
         row = self.require(endpoint_id, principal)
         if row.lifecycle == "paused":
             return self.view(row)
-        updated = self.store.update(row, lifecycle="paused", pending=None, pending_since=None)
+        updated = self.store.update(
+            row, lifecycle="paused", pending=None, pending_since=None, live=None
+        )
         return self.view(updated)
 
     def resume(self, endpoint_id: str, principal: Principal) -> DedicatedEndpoint:
@@ -294,6 +303,7 @@ class DedicatedService:
             rolled_back=False,
             last_error=None,
             deploy_version=row.deploy_version + 1,
+            live=None,  # warming until the reconciler observes the resumed app
         )
         return self.view(updated)
 

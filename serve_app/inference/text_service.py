@@ -172,9 +172,14 @@ class TextService:
         if client is None:
             raise ModelUnavailableError(f"Model '{model.id}' has no serving head.")
         self.readiness.check(model.id)
+        # A client may need longer for its first event (a dedicated call that boots a
+        # replica from zero waits for that boot); it says so with ``first_event_s``.
+        first_event_s = max(
+            getattr(client, "first_event_s", None) or 0.0, self.timeouts.first_event_s
+        )
         events = with_timeouts(
             client.stream(request),
-            self.timeouts.first_event_s,
+            first_event_s,
             self.timeouts.idle_s,
             model.id,
         )

@@ -1,7 +1,10 @@
 """Wire formats of ``/api/dedicated`` (dedicated-api spec section 2).
 
 Requests refuse unknown fields (a typo in a scaling policy must not silently
-leave the platform default in force). Several records have keys that are
+leave the platform default in force) and are strict about types: the spec's
+integers and booleans are JSON integers and booleans, so ``"1"``, ``2.0``,
+``true`` for a count or ``1`` for a boolean are 400 ``invalid_value`` rather
+than silently coerced. Several records have keys that are
 *absent* rather than null in some cases (policy keys never set, the
 ``month_cost_rate_matches_card`` of a model that left the catalog, hybrid-only
 ``capacity_converging``): their serializers drop those keys instead of every
@@ -32,7 +35,7 @@ Window = Literal["1h", "24h", "7d"]
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 def _drop_none(handler: SerializerFunctionWrapHandler, value: Any, keys: set[str] | None) -> Any:
@@ -141,7 +144,9 @@ class DedicatedCreateRequest(_Request):
     mode: Mode
     min_replicas: int = Field(ge=0, description="0 scales to zero at rest.")
     max_replicas: int = Field(ge=1, description="Capped by the organization cap.")
-    reserved_floor: int | None = Field(default=None, ge=0, description="Hybrid only.")
+    reserved_floor: int | None = Field(
+        default=None, description="Hybrid only, 1..max_replicas (below 1: reserved_floor_required)."
+    )
     engine: DedicatedEngineConfig | None = None
     scaling: DedicatedScalingPolicy | None = None
 
@@ -151,17 +156,25 @@ class DedicatedPatchRequest(_Request):
 
     min_replicas: int | None = Field(default=None, ge=0)
     max_replicas: int | None = Field(default=None, ge=1)
-    reserved_floor: int | None = Field(default=None, ge=0)
+    reserved_floor: int | None = Field(default=None, description="Hybrid only; null: unchanged.")
     scaling: DedicatedScalingPolicy | None = None
     mode: Any = Field(default=None, description="Refused: a mode change is PUT .../mode.")
 
 
 class DedicatedModeTarget(_Request):
+    """Body of the preview. ``confirm_redeploy`` is accepted and ignored so the PUT's
+    own body can be quoted as is (the preview never deploys anything)."""
+
     mode: Mode
-    reserved_floor: int | None = Field(default=None, ge=0, description="Hybrid only, >= 1.")
+    reserved_floor: int | None = Field(
+        default=None, description="Hybrid only, >= 1 (below 1: reserved_floor_required)."
+    )
+    confirm_redeploy: Any = Field(default=None, description="Ignored by the preview.")
 
 
 class DedicatedModeChange(DedicatedModeTarget):
+    """Body of ``PUT /api/dedicated/{id}/mode`` (a billed redeploy)."""
+
     confirm_redeploy: Any = Field(default=None, description="Must be exactly true.")
 
 

@@ -98,9 +98,13 @@ class DedicatedHarness:
         self.dedicated.converge_now()
 
 
-def build(tmp_path: Path, dedicated: dict[str, Any] | None = None) -> DedicatedHarness:
+def build(
+    tmp_path: Path, dedicated: dict[str, Any] | None = None, **app_args: Any
+) -> DedicatedHarness:
+    """The harness; ``dedicated`` overrides ``DEDICATED``, ``app_args`` other gateway args."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     config = GatewayAppArgs.model_validate(
-        {"catalog": CATALOG, "dedicated": {**DEDICATED, **(dedicated or {})}}
+        {"catalog": CATALOG, "dedicated": {**DEDICATED, **(dedicated or {})}, **app_args}
     )
     settings = GatewaySettings(
         database_url=f"sqlite:///{tmp_path / 'gw.db'}",

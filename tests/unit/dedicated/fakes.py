@@ -11,6 +11,7 @@ around ``ScriptedEngine``, and a call to a deployment at zero replicas boots one
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -60,6 +61,8 @@ class FakeServeBackend:
         self.fail_on: list[dict[str, Any]] = []
         self.other_apps: dict[str, str] = {"gateway": "RUNNING"}
         self.cores: dict[str, ChatHeadCore] = {}
+        self.boot_delay_s = 0.0
+        """How long a call that boots a replica from zero waits before the replica answers."""
 
     # ---- ServeBackend --------------------------------------------------------
     def deploy(self, spec: AppSpec) -> None:
@@ -145,6 +148,7 @@ class FakeHeadClient:
         if not running:  # scale from zero: the call makes Serve start one
             running = [self.backend._new_replica(self.deployment)]
             app.replicas.extend(running)
+            await asyncio.sleep(self.backend.boot_delay_s)
         replica = running[0]
         replica.state = "RUNNING"
         replica.calls += 1
