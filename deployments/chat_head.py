@@ -25,6 +25,7 @@ from deployments.engines.base import (
     TextEngine,
 )
 from deployments.head_protocol import HeadEvent, HeadFailure, HeadRequest, HeadStarted
+from deployments.stream_batching import coalesce
 from serve_app.protocol.errors import GatewayError, InvalidRequestError, UpstreamError
 
 logger = logging.getLogger(__name__)
@@ -192,9 +193,10 @@ class ChatHead:
         info = await self.core.start()
         logger.info("head %s ready (max_model_len=%d)", model_id, info.max_model_len)
 
-    async def generate(self, request: HeadRequest) -> AsyncIterator[HeadEvent]:
-        async for event in self.core.generate(request):
-            yield event
+    async def generate(self, request: HeadRequest) -> AsyncIterator[list[HeadEvent]]:
+        """The core's events in batches: one handle message per batch, not per token."""
+        async for batch in coalesce(self.core.generate(request)):
+            yield batch
 
     async def info(self) -> EngineInfo:
         assert self.core.info is not None

@@ -24,6 +24,7 @@ from ray import serve
 from deployments.chat_head import ChatHeadCore
 from deployments.engines.base import GenerationDone
 from deployments.head_protocol import HeadEvent, HeadRequest
+from deployments.stream_batching import coalesce
 
 logger = logging.getLogger(__name__)
 
@@ -80,15 +81,17 @@ class DedicatedHead:
         info = await self.core.start()
         logger.info("dedicated head %s ready (max_model_len=%d)", model_id, info.max_model_len)
 
-    async def generate(self, request: HeadRequest) -> AsyncIterator[HeadEvent | ServedBy]:
-        yield ServedBy(self.replica_id)
+    async def generate(self, request: HeadRequest) -> AsyncIterator[list[HeadEvent | ServedBy]]:
+        """``ServedBy`` first, then the core's events in batches (as ``ChatHead``)."""
+        yield [ServedBy(self.replica_id)]
         self.calls += 1
         self.in_flight += 1
         try:
-            async for event in self.core.generate(request):
-                if isinstance(event, GenerationDone):
-                    self.tokens += event.completion_tokens
-                yield event
+            async for batch in coalesce(self.core.generate(request)):
+                for event in batch:
+                    if isinstance(event, GenerationDone):
+                        self.tokens += event.completion_tokens
+                yield batch
         finally:
             self.in_flight -= 1
 

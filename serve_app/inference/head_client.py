@@ -46,8 +46,14 @@ class RayHeadClient:
         from ray.serve import exceptions as serve_exceptions
 
         try:
-            async for event in self._handle.generate.remote(request):
-                yield event
+            async for item in self._handle.generate.remote(request):
+                # Heads send batches (deployments.stream_batching); a single event
+                # is accepted too, from heads that do not batch.
+                if isinstance(item, list):
+                    for event in item:
+                        yield event
+                else:
+                    yield item
         except serve_exceptions.BackPressureError:
             raise ModelUnavailableError(
                 f"Model '{self.model_id}' is at capacity; retry shortly.",

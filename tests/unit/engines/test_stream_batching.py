@@ -1,0 +1,106 @@
+"""Head streams cross the handle in batches: eager until the first token, then windowed."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from deployments.engines.base import GenerationDone, TextDelta, ToolCallDelta
+from deployments.head_protocol import HeadStarted
+from deployments.stream_batching import coalesce, merge_deltas
+
+
+async def _timed(items: list[tuple[float, Any]]) -> AsyncIterator[Any]:
+    for delay, item in items:
+        await asyncio.sleep(delay)
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
+async def _collect(stream: AsyncIterator[list[Any]]) -> list[list[Any]]:
+    return [batch async for batch in stream]
+
+
+def _tokens(n: int, delay: float) -> list[tuple[float, Any]]:
+    return [(delay, TextDelta(0, text=f"t{i} ", completion_tokens=i + 1)) for i in range(n)]
+
+
+async def test_first_events_go_alone_and_the_rest_in_merged_windows() -> None:
+    started = HeadStarted(prompt_tokens=5, max_tokens=20)
+    done = GenerationDone(prompt_tokens=5, completion_tokens=20)
+    events = [(0.0, started), *_tokens(20, 0.005), (0.0, done)]
+    batches = await _collect(coalesce(_timed(events), interval_s=0.03))
+    assert batches[0] == [started]
+    assert batches[1] == [TextDelta(0, text="t0 ", completion_tokens=1)]
+    rest = [e for b in batches[2:] for e in b]
+    assert len(batches) - 2 < 19  # windows, not one message per token
+    texts = "".join(e.text for e in rest if isinstance(e, TextDelta))
+    assert texts == "".join(f"t{i} " for i in range(1, 20))
+    assert rest[-1] == done
+    assert max(e.completion_tokens for e in rest if isinstance(e, TextDelta)) == 20
+
+
+async def test_no_interval_sends_the_rest_of_the_answer_at_once() -> None:
+    started = HeadStarted(prompt_tokens=1, max_tokens=8)
+    done = GenerationDone(prompt_tokens=1, completion_tokens=8)
+    batches = await _collect(coalesce(_timed([(0, started), *_tokens(8, 0.001), (0, done)]), None))
+    assert len(batches) == 3
+    assert batches[2] == [TextDelta(0, text="t1 t2 t3 t4 t5 t6 t7 ", completion_tokens=8), done]
+
+
+async def test_a_producer_error_arrives_after_what_was_produced() -> None:
+    events = [(0, HeadStarted(1, 4)), *_tokens(3, 0.0), (0.0, RuntimeError("engine broke"))]
+    seen: list[Any] = []
+    with pytest.raises(RuntimeError, match="engine broke"):
+        async for batch in coalesce(_timed(events), interval_s=0.01):
+            seen.extend(batch)
+    assert "".join(e.text for e in seen if isinstance(e, TextDelta)) == "t0 t1 t2 "
+
+
+async def test_leaving_early_cancels_the_producer() -> None:
+    cancelled = asyncio.Event()
+
+    async def endless() -> AsyncIterator[Any]:
+        try:
+            yield HeadStarted(1, 10)
+            while True:
+                await asyncio.sleep(0.001)
+                yield TextDelta(0, text="x", completion_tokens=1)
+        finally:
+            cancelled.set()
+
+    stream = coalesce(endless(), interval_s=0.01)
+    async for batch in stream:
+        if isinstance(batch[0], TextDelta):
+            break
+    await stream.aclose()  # type: ignore[attr-defined]
+    await asyncio.wait_for(cancelled.wait(), timeout=2)
+
+
+def test_merge_keeps_choices_apart_and_never_crosses_other_events() -> None:
+    call = ToolCallDelta(id="c1", name="f", arguments="{}")
+    done = GenerationDone(prompt_tokens=1, completion_tokens=4)
+    events = [
+        TextDelta(0, text="a", completion_tokens=1),
+        TextDelta(1, text="x", completion_tokens=1),
+        TextDelta(0, reasoning="", text="b", completion_tokens=2, finish_reason="stop"),
+        TextDelta(1, tool_calls=[call], completion_tokens=2, finish_reason="tool_calls"),
+        done,
+        TextDelta(0, text="late", completion_tokens=3),
+    ]
+    assert merge_deltas(events) == [
+        TextDelta(0, text="ab", completion_tokens=2, finish_reason="stop"),
+        TextDelta(1, text="x", tool_calls=[call], completion_tokens=2, finish_reason="tool_calls"),
+        done,
+        TextDelta(0, text="late", completion_tokens=3),
+    ]
+
+
+def test_merge_does_not_extend_a_finished_choice() -> None:
+    first = TextDelta(0, text="end", completion_tokens=1, finish_reason="stop")
+    second = TextDelta(0, text="again", completion_tokens=1)
+    assert merge_deltas([first, second]) == [first, second]
