@@ -13,12 +13,14 @@ with ``param`` naming the input part.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from serve_app.catalog.config import CatalogModel
 from serve_app.inference.images import ImageFetcher, ImagePolicy
 from serve_app.protocol.errors import InvalidRequestError
 from serve_app.protocol.responses import ResponsesRequest
+from serve_app.tools.declarations import SERVER_TOOL_TYPES
 
 EFFORTS = ("none", "minimal", "low", "medium", "high")
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -27,6 +29,14 @@ _SKIPPED_ITEMS = frozenset(
 )
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 _UNSUP = "unsupported_parameter"
+_FORCED_BUILT_IN = (
+    "tool_choice may not force a built-in tool; use auto, none, required or a function."
+)
+
+
+def _text(value: Any) -> str | None:
+    """A ``type`` as sent, when it is a string (any JSON value may arrive there)."""
+    return value if isinstance(value, str) else None
 
 
 def _bad(message: str, param: str, code: str = "invalid_value") -> InvalidRequestError:
@@ -85,21 +95,24 @@ def reasoning_kwargs(body: ResponsesRequest, model: CatalogModel) -> dict[str, A
 
 
 def convert_tool_choice(choice: str | dict[str, Any] | None) -> Any:
-    """Relayed in chat form; naming a built-in tool is a 400."""
+    """Relayed in chat form; forcing a built-in tool, in any spelling, is a 400.
+
+    The built-in tools are run by the gateway's loop, which decides when the
+    model may call them; ``{type: 'function', name: 'web_search'}`` names one
+    just as ``{type: 'web_search'}`` or ``'web_search'`` does.
+    """
     if choice is None or choice in ("auto", "none", "required"):
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function":
         name = choice.get("name") or (choice.get("function") or {}).get("name")
         if not isinstance(name, str) or not name:
             raise _bad("tool_choice of type function needs a name.", "tool_choice")
+        if name in SERVER_TOOL_TYPES:
+            raise _bad(_FORCED_BUILT_IN, "tool_choice", _UNSUP)
         return {"type": "function", "function": {"name": name}}
-    if isinstance(choice, dict | str):
-        raise _bad(
-            "tool_choice may not force a built-in tool; use auto, none, required or a function.",
-            "tool_choice",
-            _UNSUP,
-        )
-    raise _bad("tool_choice must be a string or an object.", "tool_choice")
+    if isinstance(choice, str) and choice not in SERVER_TOOL_TYPES:
+        raise _bad("tool_choice must be auto, none, required or a function.", "tool_choice")
+    raise _bad(_FORCED_BUILT_IN, "tool_choice", _UNSUP)
 
 
 def flatten_functions(tools: list[dict[str, Any]], indexes: list[int]) -> list[dict[str, Any]]:
@@ -111,6 +124,11 @@ def flatten_functions(tools: list[dict[str, Any]], indexes: list[int]) -> list[d
         name = inner.get("name")
         if not isinstance(name, str) or not name:
             raise _bad("function tools need a name.", f"tools[{index}].name")
+        parameters = inner.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise _bad(
+                "function parameters must be a JSON Schema object.", f"tools[{index}].parameters"
+            )
         function: dict[str, Any] = {"name": name}
         for key in ("description", "parameters", "strict"):
             if inner.get(key) is not None:
@@ -145,7 +163,7 @@ class _ItemConverter:
         self.call_ids: set[str] = set()
 
     async def add(self, item: dict[str, Any], param: str) -> None:
-        kind = item.get("type", "message" if "role" in item else None)
+        kind = _text(item.get("type", "message" if "role" in item else None))
         if kind == "message":
             await self._message(item, param)
         elif kind == "function_call":
@@ -176,7 +194,7 @@ class _ItemConverter:
             self.messages.append({"role": role, "content": parts})
 
     async def _part(self, part: Any, param: str) -> dict[str, Any]:
-        kind = part.get("type") if isinstance(part, dict) else None
+        kind = _text(part.get("type")) if isinstance(part, dict) else None
         if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
             return {"type": "text", "text": part["text"]}
         if kind == "refusal" and isinstance(part.get("refusal"), str):
@@ -198,13 +216,12 @@ class _ItemConverter:
         if not isinstance(name, str) or not name:
             raise _bad("function_call items need a name.", f"{param}.name")
         arguments = item.get("arguments", "")
+        if not isinstance(arguments, str):  # the wire form is a JSON string; accept an object
+            arguments = json.dumps(arguments)
         call = {
             "id": call_id,
             "type": "function",
-            "function": {
-                "name": name,
-                "arguments": arguments if isinstance(arguments, str) else "",
-            },
+            "function": {"name": name, "arguments": arguments},
         }
         self.call_ids.add(call_id)
         last = self.messages[-1] if self.messages else None

@@ -162,8 +162,10 @@ class _ChatRun:
             if event.delta.text:
                 self._text.append(event.delta.text)
             chunks = []
-            if event.delta.finish_reason is not None and self.cites():
-                chunks.append(self._annotations(chunker))  # the answer's last content chunk
+            if event.delta.finish_reason is not None:
+                # Spec 6: the final content chunk carries delta.annotations; with no
+                # web tool declared (or nothing found) the list is empty.
+                chunks.append(self._annotations(chunker))
             chunk = chunker.delta(event.delta)
             return chunks + ([chunk] if chunk is not None else [])
         if not isinstance(event, LoopFinished):

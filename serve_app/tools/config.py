@@ -70,6 +70,13 @@ class CodeInterpreterOptions(_Strict):
         "included; never in production).",
     )
     memory_mb: int = Field(default=512, ge=64, description="Address space per process.")
+    run_memory_mb: int = Field(
+        default=1024,
+        ge=64,
+        description="Memory of a whole run (every process, /tmp included), enforced by a "
+        "cgroup where the gateway may create one (root, writable cgroupfs); elsewhere "
+        "only memory_mb per process applies.",
+    )
     max_processes: int = Field(default=64, ge=4, description="Processes per run.")
     tmp_mb: int = Field(default=64, ge=1, description="Size of the writable /tmp.")
     max_output_bytes: int = Field(

@@ -10,6 +10,7 @@ so a client can never buy more than the operator allows.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +73,7 @@ def split_tools(
 
 
 def _search_size(value: Any, param: str) -> str:
-    if value not in RESULTS_PER_SEARCH:
+    if not isinstance(value, str) or value not in RESULTS_PER_SEARCH:
         raise _bad("search_context_size must be low, medium or high.", param)
     return str(value)
 
@@ -90,7 +91,7 @@ def _timeout(tool: dict[str, Any], param: str) -> float:
     value = tool.get("timeout_s")
     if value is None:
         return CODE_TIMEOUT_MAX_S
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
         raise _bad("timeout_s must be a number of seconds.", f"{param}.timeout_s")
     return min(max(float(value), CODE_TIMEOUT_MIN_S), CODE_TIMEOUT_MAX_S)
 

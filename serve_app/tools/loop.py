@@ -36,6 +36,7 @@ from deployments.head_protocol import HeadEvent, HeadFailure, HeadRequest, HeadS
 from serve_app.inference.metering import MeteredRequest
 from serve_app.ingress.streaming import aclose_quietly
 from serve_app.protocol.errors import UpstreamError
+from serve_app.tools.declarations import ServerToolPlan
 from serve_app.tools.guidance import tool_schemas
 from serve_app.tools.runners import Refusal, ToolBox, ToolCallRecord
 
@@ -131,8 +132,13 @@ class ToolLoop:
         try:
             for turn_no in range(self.max_turns):
                 turn = _Turn()
-                async for delta in self._consume(turn):
-                    yield AnswerDelta(delta)
+                try:
+                    async for delta in self._consume(turn):
+                        yield AnswerDelta(delta)
+                except Exception:
+                    for delta in self._partial(turn, earlier_reasoning):
+                        yield AnswerDelta(delta)
+                    raise
                 server_calls = self._server_calls(turn, turn_no)
                 if server_calls is None:
                     async for event in self._answer(turn, earlier_reasoning):
@@ -148,6 +154,19 @@ class ToolLoop:
                 self.metered.add_turn(started.prompt_tokens)
         finally:
             await aclose_quietly(self._events)
+
+    def _partial(self, turn: _Turn, earlier_reasoning: str) -> list[TextDelta]:
+        """What a held turn produced before the model broke: the partial answer.
+
+        Without this, declaring a tool would turn "stream broke after partial
+        text" (``incomplete``, text billed) into "no answer" (``failed``).
+        Client calls of a broken turn are not released: they may be cut off.
+        """
+        if not self.buffered:
+            return []  # already sent as it arrived
+        reasoning = earlier_reasoning + turn.reasoning()
+        deltas = [TextDelta(0, reasoning=reasoning)] if reasoning else []
+        return deltas + [TextDelta(0, text=d.text) for d in turn.deltas if d.text]
 
     async def _consume(self, turn: _Turn) -> AsyncIterator[TextDelta]:
         """Meter and collect one turn; pass deltas through when nothing is held."""
@@ -186,11 +205,16 @@ class ToolLoop:
     async def _answer(self, turn: _Turn, earlier_reasoning: str) -> AsyncIterator[LoopEvent]:
         """The answering turn, in item order: reasoning, client calls, text, finish."""
         finish = turn.finish_reason or "stop"
+        calls = self._client_calls(turn)
+        if finish == "tool_calls" and not calls:
+            # Only server calls the loop could no longer run (budget, last turn,
+            # output cap): the client has nothing to execute, so the answer is the
+            # text so far, cut by the output cap or not.
+            finish = "length" if self._tokens_left() == 0 else "stop"
         if self.buffered:
             reasoning = earlier_reasoning + turn.reasoning()
             if reasoning:
                 yield AnswerDelta(TextDelta(0, reasoning=reasoning))
-            calls = self._client_calls(turn)
             if calls:
                 finish = "tool_calls"
                 yield AnswerDelta(TextDelta(0, tool_calls=calls))
@@ -228,8 +252,9 @@ class ToolLoop:
         names = [] if last else self.toolbox.live_tools()
         tools = self.functions + tool_schemas(self.toolbox.plan, names)
         choice = self.prompt.tool_choice
-        if choice not in (None, "none", "auto") and not isinstance(choice, dict):
-            choice = "auto"  # "required" was met by the first round
+        forcing = isinstance(choice, str) and choice not in ("none", "auto")  # "required"
+        if forcing or _names_server_tool(choice, self.toolbox.plan):
+            choice = "auto"  # met by the first round; the model may answer now
         prompt = dataclasses.replace(
             self.prompt,
             messages=messages,
@@ -242,6 +267,15 @@ class ToolLoop:
             prompts=[prompt],
             max_tokens=self._tokens_left(),
         )
+
+
+def _names_server_tool(choice: Any, plan: ServerToolPlan) -> bool:
+    """A chat ``tool_choice`` forcing a server tool (chat relays it; forced once)."""
+    if not isinstance(choice, dict):
+        return False
+    function = choice.get("function")
+    name = function.get("name") if isinstance(function, dict) else choice.get("name")
+    return isinstance(name, str) and plan.allows(name)
 
 
 def _assistant_message(text: str, calls: list[ToolCallDelta]) -> dict[str, Any]:

@@ -8,10 +8,12 @@ Each run gets:
   ``/etc`` (passwd, hosts, resolv.conf, CA certificates only), a size-capped
   ``/tmp``, a private ``/proc`` and a minimal ``/dev`` (no GPU devices);
 - new user, pid, ipc, uts, cgroup and network namespaces, no capabilities,
-  no nested user namespaces, a cleared environment (no gateway secrets);
+  no nested user namespaces, a cleared environment (no gateway secrets; bwrap
+  itself, which stays visible as the sandbox's pid 1, is started without them);
 - resource limits set by a launcher before the program starts (address space,
   processes, file size, CPU seconds, open files); when the gateway runs as
   root, a random unprivileged uid so the process limit is the run's alone;
+- a memory cgroup for the whole run where one can be made (``sandbox_cgroup``);
 - the network the ``network`` option names (see ``sandbox_net``).
 
 A run ends at its wall-clock limit: the sandbox's pid 1 is killed, which takes
@@ -31,9 +33,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from serve_app.tools.config import CodeInterpreterOptions
-from serve_app.tools.sandbox_net import SandboxNetwork
+from serve_app.tools.sandbox_cgroup import RunCgroup, RunCgroups
+from serve_app.tools.sandbox_net import SETUP_TIMEOUT_S, SandboxNetwork, StartupSync
 
 logger = logging.getLogger(__name__)
 
@@ -62,11 +66,15 @@ class CodeRun:
     exit_code: int | None
     timed_out: bool
     seconds: float
+    memory_killed: bool = False
 
     def text_for_model(self) -> str:
-        parts = [
-            f"exit_code: {self.exit_code}" + (" (killed: time limit)" if self.timed_out else "")
-        ]
+        status = f"exit_code: {self.exit_code}"
+        if self.timed_out:
+            status += " (killed: time limit)"
+        elif self.memory_killed:
+            status += " (a process was killed: memory limit)"
+        parts = [status]
         if self.stdout:
             parts.append("stdout:\n" + self.stdout)
         if self.stderr:
@@ -94,6 +102,10 @@ class _CappedReader:
             self.data.extend(chunk[: max(room, 0)])
             self.dropped += max(len(chunk) - max(room, 0), 0)
 
+    def freeze(self) -> None:
+        """Keep what was read so far; anything later is only counted as dropped."""
+        self.limit = len(self.data)
+
     def text(self) -> str:
         text = self.data.decode("utf-8", errors="replace")
         return text + (f"\n[{self.dropped} more bytes dropped]" if self.dropped else "")
@@ -102,10 +114,16 @@ class _CappedReader:
 class BwrapSandbox:
     """Runs Python programs under bubblewrap; one instance per gateway replica."""
 
-    def __init__(self, options: CodeInterpreterOptions, bwrap: str | None = None) -> None:
+    def __init__(
+        self,
+        options: CodeInterpreterOptions,
+        bwrap: str | None = None,
+        cgroups: RunCgroups | None = None,
+    ) -> None:
         self.options = options
         self.bwrap = bwrap or shutil.which("bwrap")
         self.network = SandboxNetwork.for_mode(options.network)
+        self.cgroups = cgroups or RunCgroups()
 
     def available(self) -> bool:
         return self.bwrap is not None and Path(self.options.python).exists()
@@ -177,40 +195,67 @@ class BwrapSandbox:
         return argv
 
     async def _execute(self, job: Path, timeout_s: float, uid: int) -> CodeRun:
-        sync = self.network.sync_fds()
+        cgroup = self.cgroups.create(self.options.run_memory_mb * 1024 * 1024)
+        sync = StartupSync()
         ids: dict[str, object] = {}
         if os.geteuid() == 0:
             ids = {"user": uid, "group": uid, "extra_groups": []}
-        process = await asyncio.create_subprocess_exec(
-            *self._argv(job, sync.bwrap_args()),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            pass_fds=sync.child_fds(),
-            **ids,  # type: ignore[arg-type]
-        )
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *self._argv(job, sync.bwrap_args()),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=sync.child_fds(),
+                # bwrap's own process stays inside the sandbox as its pid 1 and its
+                # /proc/1/environ is readable from there: it must not inherit the
+                # gateway's environment (``--clearenv`` only clears the program's).
+                env=_BWRAP_ENV,
+                **ids,  # type: ignore[arg-type]
+            )
+        except BaseException:
+            sync.close()
+            if cgroup is not None:
+                await cgroup.remove()
+            raise
+        sync.close_child_ends()
         out, err = _CappedReader(self.options.max_output_bytes), _CappedReader(8192)
+        # The pipes are read until EOF even after a kill: a reader that stopped
+        # would leave the pipe paused, and the exit of the process unobserved.
+        reading = asyncio.gather(out.drain(process.stdout), err.drain(process.stderr))
         timed_out, seconds = False, 0.0
         try:
-            async with self.network.attached(sync, process.pid):
+            async with asyncio.timeout(SETUP_TIMEOUT_S):
+                sandbox_pid = await sync.sandbox_pid()
+            if cgroup is not None and not _joined(cgroup, (process.pid, sandbox_pid)):
+                await cgroup.remove()
+                cgroup = None
+            async with self.network.attached(sandbox_pid):
+                sync.release()
                 started = time.monotonic()
                 try:
                     async with asyncio.timeout(timeout_s):
-                        await asyncio.gather(out.drain(process.stdout), err.drain(process.stderr))
+                        await asyncio.shield(reading)
                         await process.wait()
                 except TimeoutError:
                     timed_out = True
                 # Billed time: the program's wall clock, never more than its limit.
                 seconds = min(time.monotonic() - started, timeout_s)
         finally:
-            sync.close()
-            await _kill(process)
+            out.freeze()
+            err.freeze()
+            await _kill(process, reading)
+            sync.close()  # after the kill: EOF on --block-fd would let bwrap start the program
+            memory_killed = cgroup is not None and cgroup.oom_kills() > 0
+            if cgroup is not None:
+                await cgroup.remove()
         return CodeRun(
             stdout=out.text(),
             stderr=err.text(),
             exit_code=None if timed_out else process.returncode,
             timed_out=timed_out,
             seconds=seconds,
+            memory_killed=memory_killed,
         )
 
 
@@ -222,6 +267,9 @@ _SANDBOX_ENV = {
     "MPLBACKEND": "Agg",
     "CUDA_VISIBLE_DEVICES": "",
 }
+
+
+_BWRAP_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
 def _root_links() -> list[str]:
@@ -236,16 +284,34 @@ def _root_links() -> list[str]:
     return args
 
 
+def _joined(cgroup: RunCgroup, pids: tuple[int, ...]) -> bool:
+    """Move the run's processes in before the program exists: all it starts is inside."""
+    try:
+        for pid in pids:
+            cgroup.add(pid)
+    except OSError as err:
+        logger.warning("could not move a sandbox into its memory cgroup (%s)", err)
+        return False
+    return True
+
+
 def _owned(proc: Path, uid: int) -> bool:
     with contextlib.suppress(OSError):
         return proc.stat().st_uid == uid
     return False
 
 
-async def _kill(process: asyncio.subprocess.Process) -> None:
-    """SIGKILL bwrap: ``--die-with-parent`` then ends the sandbox's pid 1 and all it ran."""
+async def _kill(process: asyncio.subprocess.Process, reading: asyncio.Future[Any]) -> None:
+    """SIGKILL bwrap: ``--die-with-parent`` then ends the sandbox's pid 1 and all it ran.
+
+    The pipes then reach EOF (no process of the run holds them any more), the
+    readers finish, and only then does asyncio report the exit.
+    """
     if process.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             process.kill()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(asyncio.shield(reading), timeout=5)
+    reading.cancel()
     with contextlib.suppress(Exception):
         await asyncio.wait_for(process.wait(), timeout=5)

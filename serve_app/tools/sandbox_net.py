@@ -6,8 +6,8 @@ the sandbox its own network namespace with a user-mode NAT (slirp4netns,
 a Debian package): ``--disable-host-loopback`` refuses the host's 127.0.0.1,
 and ``prohibit`` routes refuse private, link-local and shared ranges inside
 the namespace (the sandboxed program has no capability to remove them).
-bwrap waits on a pipe (``--block-fd``) until the network is ready, so the
-program never runs before the guard is in place.
+bwrap waits on a pipe (``--block-fd``, see ``StartupSync``) until the network
+is ready, so the program never runs before the guard is in place.
 
 Without slirp4netns the sandbox gets no network at all (logged once), never
 the host's network; ``host`` exists for test rigs only.
@@ -39,33 +39,39 @@ BLOCKED_RANGES = (
     "224.0.0.0/4",
     "240.0.0.0/4",
 )
-_SETUP_TIMEOUT_S = 10.0
+SETUP_TIMEOUT_S = 10.0
 
 
 class StartupSync:
-    """Pipes that let the gateway set up the network before bwrap starts the program."""
+    """Pipes that hold bwrap before it starts the program, until the gateway is ready.
 
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
+    bwrap reports its sandbox's pid on ``--info-fd`` once the namespaces exist,
+    then waits on ``--block-fd``: in between, the gateway moves the run into its
+    memory cgroup and attaches the network, so the program never runs unguarded.
+    """
+
+    def __init__(self) -> None:
         self._fds: dict[str, int] = {}
-        if enabled:
-            self._fds["info_r"], self._fds["info_w"] = os.pipe()
-            self._fds["block_r"], self._fds["block_w"] = os.pipe()
+        self._fds["info_r"], self._fds["info_w"] = os.pipe()
+        self._fds["block_r"], self._fds["block_w"] = os.pipe()
 
     def bwrap_args(self) -> list[str]:
-        if not self.enabled:
-            return []
         return ["--info-fd", str(self._fds["info_w"]), "--block-fd", str(self._fds["block_r"])]
 
     def child_fds(self) -> tuple[int, ...]:
-        return (self._fds["info_w"], self._fds["block_r"]) if self.enabled else ()
-
-    def fd(self, name: str) -> int:
-        return self._fds[name]
+        return (self._fds["info_w"], self._fds["block_r"])
 
     def close_child_ends(self) -> None:
         for name in ("info_w", "block_r"):
             self._close(name)
+
+    async def sandbox_pid(self) -> int:
+        """The pid (in the gateway's namespace) of the sandbox's first process."""
+        return await asyncio.to_thread(_read_child_pid, self._fds["info_r"])
+
+    def release(self) -> None:
+        """Let bwrap start the program."""
+        os.write(self._fds["block_w"], b"1")
 
     def close(self) -> None:
         for name in list(self._fds):
@@ -87,11 +93,9 @@ class SandboxNetwork:
     def resolv_conf(self) -> str:
         return ""
 
-    def sync_fds(self) -> StartupSync:
-        return StartupSync(enabled=False)
-
     @contextlib.asynccontextmanager
-    async def attached(self, sync: StartupSync, bwrap_pid: int) -> AsyncIterator[None]:
+    async def attached(self, sandbox_pid: int) -> AsyncIterator[None]:
+        """The network is ready for the program while this context is open."""
         yield
 
     @staticmethod
@@ -128,19 +132,14 @@ class SlirpNetwork(SandboxNetwork):
     def resolv_conf(self) -> str:
         return f"nameserver {SLIRP_DNS}\n"
 
-    def sync_fds(self) -> StartupSync:
-        return StartupSync(enabled=True)
-
     @contextlib.asynccontextmanager
-    async def attached(self, sync: StartupSync, bwrap_pid: int) -> AsyncIterator[None]:
-        sync.close_child_ends()
+    async def attached(self, sandbox_pid: int) -> AsyncIterator[None]:
         slirp: asyncio.subprocess.Process | None = None
         try:
-            async with asyncio.timeout(_SETUP_TIMEOUT_S):
-                child = await asyncio.to_thread(_read_child_pid, sync.fd("info_r"))
-                slirp = await self._start_slirp(child)
-                await self._block_private_ranges(child)
-            os.write(sync.fd("block_w"), b"1")  # bwrap now starts the program
+            async with asyncio.timeout(SETUP_TIMEOUT_S):
+                await _loopback_ready(sandbox_pid)
+                slirp = await self._start_slirp(sandbox_pid)
+                await self._block_private_ranges(sandbox_pid)
             yield
         finally:
             if slirp is not None and slirp.returncode is None:
@@ -172,26 +171,49 @@ class SlirpNetwork(SandboxNetwork):
                 os.close(ready_w)
 
     async def _block_private_ranges(self, child: int) -> None:
-        """``prohibit`` routes in the sandbox's namespace (root, or the namespace's owner)."""
+        """``prohibit`` routes in the sandbox's namespace (root, or the namespace's owner).
+
+        One ``ip -batch`` run adds them all: one process per sandbox run, not one per range.
+        """
         if self.nsenter is None or not Path(self.ip).exists():
             logger.warning("nsenter/ip missing: private ranges stay reachable from the sandbox")
             return
         enter = [self.nsenter, f"--target={child}", "--net"]
         if os.geteuid() != 0:
             enter += ["--user", "--preserve-credentials"]
-        for cidr in BLOCKED_RANGES:
-            process = await asyncio.create_subprocess_exec(
-                *enter,
-                self.ip,
-                "route",
-                "add",
-                "prohibit",
-                cidr,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.DEVNULL,
-            )
-            if await process.wait() != 0:
-                raise RuntimeError(f"could not block {cidr} in the sandbox network")
+        batch = "".join(f"route add prohibit {cidr}\n" for cidr in BLOCKED_RANGES)
+        process = await asyncio.create_subprocess_exec(
+            *enter,
+            self.ip,
+            "-batch",
+            "-",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, err = await process.communicate(batch.encode())
+        if process.returncode != 0:
+            detail = err.decode(errors="replace").strip()
+            raise RuntimeError(f"could not block private ranges in the sandbox network: {detail}")
+
+
+async def _loopback_ready(child: int) -> None:
+    """Wait until bwrap has configured ``lo`` in the new network namespace.
+
+    bwrap reports the child's pid before that child has set up loopback; if
+    slirp4netns (which brings ``lo`` up too) runs at the same moment, bwrap's
+    own setup fails and the run dies. The local table lists 127.0.0.1 only once
+    the address is added and the link is up, which is the last step of bwrap's
+    setup; it is read from the child's ``/proc`` view, so no process is spawned.
+    """
+    trie = Path(f"/proc/{child}/net/fib_trie")
+    while True:
+        try:
+            if "127.0.0.1" in await asyncio.to_thread(trie.read_text):
+                return
+        except OSError:
+            raise RuntimeError("the sandbox exited while its network was set up") from None
+        await asyncio.sleep(0.002)
 
 
 def _read_child_pid(fd: int) -> int:

@@ -12,6 +12,7 @@ loopback server they start themselves: the same code path as production.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -43,13 +44,15 @@ class DisabledSearchProvider:
 
 
 class _HttpProvider:
-    def __init__(self, options: WebSearchOptions) -> None:
+    def __init__(self, options: WebSearchOptions, environ: Mapping[str, str] | None = None) -> None:
+        """``environ``: where ``api_key_env`` is looked up (the process environment)."""
         if not options.url:
             raise ValueError(f"tools.web_search.url is required for provider {options.provider}")
         self.url = options.url.rstrip("/")
         self.timeout_s = options.timeout_s
         self.snippet_chars = options.snippet_chars
-        self.api_key = os.environ.get(options.api_key_env, "") if options.api_key_env else ""
+        env = os.environ if environ is None else environ
+        self.api_key = env.get(options.api_key_env, "") if options.api_key_env else ""
 
     async def _get_json(self, url: str, params: dict[str, Any], headers: dict[str, str]) -> Any:
         try:

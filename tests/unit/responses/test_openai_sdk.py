@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tests.fixtures.gateway import GatewayHarness
-from tests.fixtures.tool_servers import script
+from tests.fixtures.tool_servers import LocalWeb, script
 
 
 async def test_sdk_non_stream(gateway: GatewayHarness) -> None:
@@ -51,3 +53,59 @@ async def test_sdk_stream_helper_with_server_tool(tool_gateway: GatewayHarness) 
         final = await stream.get_final_response()
     assert final.output_text == "Done [1]."
     assert [item.type for item in final.output] == ["web_search_call", "message"]
+
+
+async def test_sdk_parses_every_item_kind_and_a_failed_tool_call(
+    tool_gateway: GatewayHarness, local_web: LocalWeb
+) -> None:
+    client = tool_gateway.openai(tool_gateway.keys["tools"])
+    turns = script(
+        {"call": "web_search", "arguments": {"query": "q"}},
+        {"call": "web_fetch", "arguments": {"url": f"{local_web.base_url}/missing"}},
+        {"reasoning": "so", "reply": "See [1].", "call": "get_time"},
+    )
+    tools: Any = [
+        {"type": "web_search"},
+        {"type": "web_fetch"},
+        {"type": "function", "name": "get_time", "parameters": {"type": "object"}},
+    ]
+    response = await client.responses.create(
+        model="scripted-tools-reasoner", input=turns, tools=tools
+    )
+    assert [(i.type, i.status) for i in response.output] == [
+        ("web_search_call", "completed"),
+        ("web_fetch_call", "failed"),
+        ("reasoning", "completed"),
+        ("function_call", "completed"),
+        ("message", "completed"),
+    ]
+    call = response.output[3]
+    assert call.type == "function_call" and call.name == "get_time" and call.call_id
+    message = response.output[4]
+    assert message.type == "message"
+    annotation = message.content[0].annotations[0]  # type: ignore[union-attr]
+    assert annotation.type == "url_citation" and annotation.url.endswith("/page/1")
+
+    stream = await client.responses.create(
+        model="scripted-tools-reasoner", input=turns, tools=tools, stream=True
+    )
+    numbers = [event.sequence_number async for event in stream]
+    assert numbers == list(range(len(numbers)))
+
+
+async def test_sdk_stream_ending_incomplete_after_partial_text(
+    tool_gateway: GatewayHarness,
+) -> None:
+    client = tool_gateway.openai(tool_gateway.keys["tools"])
+    stream = await client.responses.create(
+        model="scripted-tools",
+        input=script({"reply": "a b c d", "fail_after": 2}),
+        tools=[{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+        stream=True,
+    )
+    events = [event async for event in stream]
+    final = events[-1]
+    assert final.type == "response.incomplete"
+    assert final.response.incomplete_details is not None
+    assert final.response.incomplete_details.reason == "upstream_error"
+    assert final.response.output_text == "a b"

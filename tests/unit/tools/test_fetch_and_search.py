@@ -70,6 +70,17 @@ def test_public_addresses_pass(address: str) -> None:
         "http://0x7f.0.0.1:{port}/page/1",
         "http://127.1:{port}/page/1",
         "http://[::ffff:127.0.0.1]:{port}/page/1",
+        "http://0x7f000001:{port}/page/1",  # one hexadecimal number
+        "http://017700000001:{port}/page/1",  # one octal number
+        "http://0177.0.0.1:{port}/page/1",
+        "http://127.000.000.001:{port}/page/1",
+        "http://[0:0:0:0:0:ffff:7f00:1]:{port}/page/1",
+        "http://[::]:{port}/page/1",  # the unspecified address reaches local services
+        "http://0:{port}/page/1",
+        "http://0.0.0.0:{port}/page/1",
+        "http://LOCALHOST:{port}/page/1",
+        "http://localhost.:{port}/page/1",  # fully qualified form
+        "http://public.example@127.0.0.1:{port}/page/1",  # userinfo that looks like a host
     ],
 )
 async def test_guard_refuses_loopback_in_every_spelling(local_web: LocalWeb, url: str) -> None:
@@ -85,6 +96,34 @@ async def test_every_redirect_hop_is_checked(local_web: LocalWeb) -> None:
     with pytest.raises(FetchError, match="not a public address"):
         await only_first.get(f"{local_web.base_url}/redirect?to={target}")
     assert [path for path, _, _ in local_web.requests] == ["/redirect"]
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "http://127.0.0.1:{port}/page/1",
+        "http://2130706433:{port}/page/1",
+        "http://[::ffff:127.0.0.1]:{port}/page/1",
+        "http://localhost:{port}/page/1",
+        "http://[::1]:{port}/page/1",
+    ],
+)
+async def test_redirect_from_a_public_site_to_loopback_is_refused(
+    local_web: LocalWeb, target: str
+) -> None:
+    """127.0.0.2 plays the public site (the guard allows only it); the service on
+    127.0.0.1 plays the gateway's neighbour that the redirect tries to reach."""
+    public = LocalWeb(host="127.0.0.2")
+    try:
+        guard = fetcher(allowed=lambda address: address == "127.0.0.2")
+        page = await guard.get(f"{public.base_url}/redirect?to={public.base_url}/page/4")
+        assert b"Page 4." in page.body  # the allowed site itself is fetched, redirects too
+        with pytest.raises(FetchError, match=r"not a public address|does not resolve"):
+            location = target.format(port=local_web.port)
+            await guard.get(f"{public.base_url}/redirect?to={location}")
+        assert local_web.requests == []  # nothing reached the neighbour
+    finally:
+        public.close()
 
 
 async def test_fetch_follows_redirects_and_extracts_text(local_web: LocalWeb) -> None:
@@ -126,14 +165,11 @@ async def test_searxng_provider(local_web: LocalWeb) -> None:
         await provider.search("again", 3)
 
 
-async def test_brave_provider_sends_the_key(
-    local_web: LocalWeb, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("TEST_BRAVE_KEY", "brave-key")
+async def test_brave_provider_sends_the_key(local_web: LocalWeb) -> None:
     options = WebSearchOptions(
         provider="brave", url=f"{local_web.base_url}/brave", api_key_env="TEST_BRAVE_KEY"
     )
-    hits = await BraveProvider(options).search("q", 8)
+    hits = await BraveProvider(options, environ={"TEST_BRAVE_KEY": "brave-key"}).search("q", 8)
     assert len(hits) == 8 and hits[0].snippet == "D1"
     headers = {k.lower(): v for k, v in local_web.requests[-1][2].items()}
     assert headers["x-subscription-token"] == "brave-key"
