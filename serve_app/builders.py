@@ -1,8 +1,8 @@
 """Serve config entry point: ``import_path: serve_app.builders:build_gateway_app``.
 
 Builds one head deployment per own-fleet catalog model (chat, speech,
-transcription) and the gateway ingress bound to their handles, so the Ray
-dashboard shows the gateway and one deployment per model.
+transcription, detect, parse, video) and the gateway ingress bound to their
+handles, so the Ray dashboard shows the gateway and one deployment per model.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from deployments.chat_head import ChatHead
 from deployments.document_head import DetectHead, ParseHead
 from deployments.engines.audio_factory import is_known_backend
 from deployments.engines.document_factory import is_known_document_backend
+from deployments.engines.video_factory import is_known_video_backend
 from deployments.speech_head import SpeechHead
 from deployments.transcription_head import TranscriptionHead
+from deployments.video_head import VideoHead
 from serve_app.catalog.config import CatalogModel
 from serve_app.config import GatewayAppArgs
 from serve_app.ingress.deployment import Gateway
@@ -30,12 +32,23 @@ HEAD_DEPLOYMENTS: dict[str, Any] = {
     "transcription": TranscriptionHead,
     "detect": DetectHead,
     "parse": ParseHead,
+    "video": VideoHead,
 }
 """Head kind -> its Ray Serve deployment; kinds not listed are catalog-only for now."""
 
 
+def _is_known_backend(head: str, backend: str) -> bool:
+    if head in ("detect", "parse"):
+        return is_known_document_backend(head, backend)
+    if head == "video":
+        return is_known_video_backend(backend)
+    return is_known_backend(head, backend)
+
+
 def head_application(
-    model: CatalogModel, max_audio_seconds: float | None = None
+    model: CatalogModel,
+    max_audio_seconds: float | None = None,
+    video_options: dict[str, Any] | None = None,
 ) -> Application | None:
     """The bound head deployment for one model, or None where no head runs here."""
     if model.is_external:
@@ -43,8 +56,7 @@ def head_application(
     if model.head not in HEAD_DEPLOYMENTS:
         logger.warning("no head implementation for %s models yet; %s skipped", model.head, model.id)
         return None
-    known = is_known_document_backend if model.head in ("detect", "parse") else is_known_backend
-    if model.head != "chat" and not known(model.head, model.engine.backend):
+    if model.head != "chat" and not _is_known_backend(model.head, model.engine.backend):
         raise ValueError(
             f"{model.id}: '{model.engine.backend}' is not a {model.head} engine backend."
         )
@@ -63,6 +75,8 @@ def head_application(
     head = HEAD_DEPLOYMENTS[model.head].options(**options)
     if model.head == "transcription" and max_audio_seconds is not None:
         return head.bind(model.id, model.engine.backend, model.engine.config, max_audio_seconds)
+    if model.head == "video":  # the worker's pacing must agree with the gateway's
+        return head.bind(model.id, model.engine.backend, model.engine.config, video_options or {})
     return head.bind(model.id, model.engine.backend, model.engine.config)
 
 
@@ -71,7 +85,9 @@ def build_gateway_app(args: dict[str, Any]) -> Application:
     config = GatewayAppArgs.model_validate(args)
     heads: dict[str, Application] = {}
     for model in config.catalog:
-        app = head_application(model, config.audio.max_audio_seconds)
+        app = head_application(
+            model, config.audio.max_audio_seconds, config.video.model_dump(mode="json")
+        )
         if app is not None:
             heads[model.id] = app
     ingress = config.ingress

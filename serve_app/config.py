@@ -91,6 +91,46 @@ class AudioOptions(_Strict):
     )
 
 
+class VideoOptions(_Strict):
+    """Asynchronous video jobs (spec 4.6-4.9, 8): caps, worker pacing, reconciliation.
+
+    The same values reach the gateway (cap, listing, reconciliation on read) and
+    every video head (its worker loop), so heartbeat and staleness agree.
+    """
+
+    max_unfinished_jobs_per_user: int = Field(
+        default=2, ge=1, description="Queued + running jobs per user; spec 8: 2 (429 above)."
+    )
+    list_limit: int = Field(default=20, ge=1, le=100, description="Jobs returned by the list.")
+    quota_retry_after_s: int = Field(
+        default=30, ge=1, description="Retry-After of a video_jobs_quota_exceeded 429."
+    )
+    poll_interval_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="How often an idle worker looks for queued jobs (a create also wakes it).",
+    )
+    heartbeat_interval_s: float = Field(
+        default=2.0, gt=0, description="How often a worker refreshes its running job's heartbeat."
+    )
+    stale_after_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="A running job whose heartbeat is older is failed (its worker died).",
+    )
+    unclaimed_timeout_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="A queued job older than this is failed when its head is not ready.",
+    )
+
+    @model_validator(mode="after")
+    def _heartbeat_below_staleness(self) -> VideoOptions:
+        if self.heartbeat_interval_s * 3 > self.stale_after_s:
+            raise ValueError("stale_after_s must be at least 3 x heartbeat_interval_s")
+        return self
+
+
 class LimitsOptions(_Strict):
     """Platform-wide rate limits (spec 8): defaults for users without their own values.
 
@@ -173,6 +213,9 @@ class GatewayAppArgs(_Strict):
     )
     documents: DocumentOptions = Field(
         default_factory=DocumentOptions, description="Detect and parse routes."
+    )
+    video: VideoOptions = Field(
+        default_factory=VideoOptions, description="Asynchronous video generation jobs."
     )
     tools: ToolsOptions = Field(
         default_factory=ToolsOptions,

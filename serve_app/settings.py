@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -45,6 +46,51 @@ class GatewaySettings(BaseSettings):
         default="",
         description="Optional secret mixed into key hashes; changing it invalidates all keys.",
     )
+    # ---- object storage (generated videos; serve_app.storage.objects) ----
+    object_store: Literal["local", "s3"] = Field(
+        default="local",
+        description="local: files under objects_dir, served and signed by the gateway itself "
+        "(one machine); s3: an S3-compatible bucket through boto3 with presigned URLs.",
+    )
+    objects_dir: Path | None = Field(
+        default=None, description="Folder of the local object store; default state_dir/objects."
+    )
+    object_url_secret: str = Field(
+        default="",
+        description="HMAC key signing local object URLs; empty: a random key generated once "
+        "into objects_dir/.url-secret (shared by the processes of this machine).",
+    )
+    object_url_expiry_s: int = Field(
+        default=3600,
+        ge=1,
+        le=604_800,
+        description="Lifetime of a video URL (local signature or S3 presigned; SigV4 max 7 d).",
+    )
+    public_base_url: str | None = Field(
+        default=None,
+        description="Base of local object URLs (e.g. https://api.example.com); unset: the "
+        "scheme and host the request came in on.",
+    )
+    s3_bucket: str | None = Field(default=None, description="Bucket for object_store=s3.")
+    s3_prefix: str = Field(default="", description="Key prefix inside the bucket, e.g. gw/.")
+    s3_endpoint_url: str | None = Field(
+        default=None,
+        description="S3-compatible endpoint (MinIO, moto); unset: AWS (or AWS_ENDPOINT_URL_S3).",
+    )
+    s3_region: str | None = Field(
+        default=None, description="Region; unset: boto3's default chain (AWS_REGION)."
+    )
+    s3_access_key_id: str | None = Field(
+        default=None, description="Unset: boto3's default chain (env, instance profile)."
+    )
+    s3_secret_access_key: str | None = Field(default=None, description="Pairs with the key id.")
+    s3_addressing_style: Literal["auto", "path", "virtual"] = Field(
+        default="auto", description="path for most self-hosted S3 servers."
+    )
+
+    def resolved_objects_dir(self) -> Path:
+        """Where the local object store keeps its files."""
+        return self.objects_dir or self.state_dir / "objects"
 
     def resolved_database_url(self) -> str:
         """The URL to connect to, creating the SQLite folder when that is the default."""

@@ -32,6 +32,7 @@ def price_applied(pricing: PricingConfig) -> PriceApplied:
         per_image=pricing.per_image,
         per_audio_second=pricing.per_audio_second,
         spot_multiplier=pricing.spot_multiplier if pricing.mode == "spot" else None,
+        per_video_second=pricing.per_video_second,
     )
 
 
@@ -59,6 +60,7 @@ def cost_of(
         + usage.completion_tokens * price.output_per_mtok / 1_000_000
         + usage.images * (price.per_image or 0.0)
         + usage.audio_seconds * (price.per_audio_second or 0.0)
+        + usage.video_seconds * (price.per_video_second or 0.0)
     )
     if price.pricing_mode == "spot" and price.spot_multiplier is not None:
         amount *= price.spot_multiplier
@@ -108,4 +110,6 @@ def build_record(
         per_audio_second=price.per_audio_second,
         spot_multiplier=price.spot_multiplier,
         cost=cost_of(price, usage, tool_prices),
+        video_seconds=usage.video_seconds,
+        per_video_second=price.per_video_second,
     )

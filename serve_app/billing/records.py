@@ -31,6 +31,7 @@ class UsageQuantities:
     code_seconds: float = 0.0
     images: int = 0
     audio_seconds: float = 0.0
+    video_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class PriceApplied:
     per_image: float | None = None
     per_audio_second: float | None = None
     spot_multiplier: float | None = None
+    per_video_second: float | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,9 @@ class UsageRecord:
     per_audio_second: float | None
     spot_multiplier: float | None
     cost: float
+    # Added with video jobs (migration 4); defaults keep older spool lines readable.
+    video_seconds: float = 0.0
+    per_video_second: float | None = None
 
     @property
     def total_tokens(self) -> int:

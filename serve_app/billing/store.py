@@ -14,6 +14,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
 
 from serve_app.billing.records import UsageRecord
 from serve_app.storage.db import Database
@@ -39,6 +40,7 @@ class ModelTotals:
     images: int
     audio_seconds: float
     cost: float
+    video_seconds: float = 0.0
 
 
 class LedgerStore:
@@ -58,10 +60,15 @@ class LedgerStore:
         """Store records in one transaction; ones already stored are skipped."""
         if not records:
             return
-        rows = [r.to_row() for r in records]
         with self._db.begin() as conn:
-            for start in range(0, len(rows), INSERT_CHUNK):
-                conn.execute(self._insert(), rows[start : start + INSERT_CHUNK])
+            self.insert_in(conn, records)
+
+    def insert_in(self, conn: Connection, records: Sequence[UsageRecord]) -> None:
+        """Insert-or-ignore inside the caller's transaction (a video job's completion
+        and its usage record commit together, so the job is billed exactly once)."""
+        rows = [r.to_row() for r in records]
+        for start in range(0, len(rows), INSERT_CHUNK):
+            conn.execute(self._insert(), rows[start : start + INSERT_CHUNK])
 
     def get(self, request_id: str) -> UsageRecord | None:
         with self._db.connect() as conn:
@@ -107,6 +114,7 @@ class LedgerStore:
                     "code_seconds",
                     "images",
                     "audio_seconds",
+                    "video_seconds",
                     "cost",
                 )
             ),
@@ -134,4 +142,5 @@ def _totals(row: Any) -> ModelTotals:
         images=int(row["images"]),
         audio_seconds=float(row["audio_seconds"]),
         cost=float(row["cost"]),
+        video_seconds=float(row["video_seconds"]),
     )

@@ -107,6 +107,20 @@ def prepared_models(serve_config: dict[str, Any]) -> list[str]:
     return sorted(set(names))
 
 
+def tiny_video_models(serve_config: dict[str, Any]) -> list[tuple[str, str | None]]:
+    """``(model, models_dir)`` of the video heads that load a locally built ``tiny:`` model."""
+    found: set[tuple[str, str | None]] = set()
+    for app in serve_config["applications"]:
+        if not str(app.get("import_path", "")).startswith("serve_app.builders"):
+            continue
+        args = GatewayAppArgs.model_validate(app.get("args") or {})
+        for model in args.catalog:
+            ref = str(model.engine.config.get("model", ""))
+            if model.head == "video" and ref.startswith("tiny:"):
+                found.add((ref, model.engine.config.get("models_dir")))
+    return sorted(found, key=lambda item: (item[0], item[1] or ""))
+
+
 def _run(args: argparse.Namespace, settings: GatewaySettings) -> int:
     _progress_logging()
     serve_config = load_serve_config(args.config)
@@ -117,6 +131,12 @@ def _run(args: argparse.Namespace, settings: GatewaySettings) -> int:
         from deployments.engines.model_prep import ensure_model
 
         ensure_model(name)
+    for ref, models_dir in tiny_video_models(serve_config):
+        # Built here, in the foreground, so its progress shows (a head would build it silently).
+        _step(f"preparing video model {ref}")
+        from deployments.engines.tiny_video_model import resolve_tiny_video
+
+        resolve_tiny_video(ref, Path(models_dir) if models_dir else None)
     _step(f"database: {settings.resolved_database_url().split('@')[-1]}")
     from serve_app.storage.db import Database
 

@@ -22,6 +22,7 @@ from serve_app.routes import (
     models,
     responses,
     session_only,
+    video,
 )
 
 API_VERSION = "1.0.0-m1"
@@ -47,6 +48,7 @@ def create_app(
         responses,
         audio,
         document,
+        video,
         dedicated,
         session_only,
     ):

@@ -37,10 +37,14 @@ from serve_app.inference.responses_service import ResponsesService
 from serve_app.inference.text_service import TextService, TimeoutPolicy
 from serve_app.ingress.app import create_app
 from serve_app.ingress.state import GatewayState
+from serve_app.jobs.client import VideoHeadClient, ray_video_clients
+from serve_app.jobs.service import VideoService
+from serve_app.jobs.store import JobStore
 from serve_app.limits.buckets import CounterStore
 from serve_app.metrics import GatewayMetrics
 from serve_app.settings import GatewaySettings, get_settings
 from serve_app.storage.db import Database
+from serve_app.storage.objects import ObjectStore, build_object_store
 from serve_app.tools.chat import ToolChatService
 from serve_app.tools.runners import ToolRuntime
 
@@ -59,12 +63,15 @@ def build_state(
     speech_heads: dict[str, SpeechClient] | None = None,
     transcription_heads: dict[str, TranscriptionClient] | None = None,
     document_heads: dict[str, DocumentClient] | None = None,
+    video_heads: dict[str, VideoHeadClient] | None = None,
+    objects: ObjectStore | None = None,
     dedicated_backend: ServeBackend | None = None,
 ) -> GatewayState:
     """Wire the services of one replica (shared by Ray and in-process tests).
 
     ``counters`` and ``metrics`` override the limit counters (default: Redis
-    when ``GATEWAY_REDIS_URL`` is set, else in-process) and the metrics backend.
+    when ``GATEWAY_REDIS_URL`` is set, else in-process) and the metrics backend;
+    ``objects`` the object store of generated videos (default: from settings).
     """
     catalog = Catalog(config.catalog)
     images = ImagePolicy(**config.images.model_dump())
@@ -99,6 +106,17 @@ def build_state(
             images,
             DocumentPolicy(**config.documents.model_dump()),
             metering,
+        ),
+        video=VideoService(
+            catalog,
+            video_heads or {},
+            readiness,
+            JobStore(database),
+            objects or build_object_store(settings),
+            config.video,
+            url_expiry_s=settings.object_url_expiry_s,
+            public_base_url=settings.public_base_url,
+            metering=metering,
         ),
         dedicated=wire_dedicated(config.dedicated, catalog, database, text, dedicated_backend),
     )
@@ -137,6 +155,7 @@ class Gateway:
             speech_heads=speech,
             transcription_heads=transcription,
             document_heads=ray_document_clients(config.catalog, heads),
+            video_heads=ray_video_clients(config.catalog, heads),
             dedicated_backend=RayServeBackend() if config.dedicated.enabled else None,
         )
         # On the replica's loop: adopt spool files a dead replica left, start flushing.
@@ -156,4 +175,5 @@ class Gateway:
         if state is not None:
             if state.dedicated is not None:
                 await state.dedicated.stop()  # hands the reconciler lease over at once
+            await state.video.aclose()
             await state.text.metering.aclose()

@@ -194,3 +194,23 @@ def model_not_found(model: str) -> NotFoundError:
         code="model_not_found",
         param="model",
     )
+
+
+def video_jobs_quota_exceeded(cap: int, retry_after_s: int) -> RateLimitError:
+    """429 ``video_jobs_quota_exceeded``: the caller already has ``cap`` unfinished jobs."""
+    return RateLimitError(
+        f"You already have {cap} unfinished video generation jobs; wait for one to finish "
+        "or cancel one.",
+        code="video_jobs_quota_exceeded",
+        headers={"Retry-After": str(max(1, int(retry_after_s)))},
+    )
+
+
+def video_job_not_found(job_id: str) -> NotFoundError:
+    """404 for a job that does not exist and for another user's job alike (spec 4.8)."""
+    shown = job_id if len(job_id) <= 64 else f"{job_id[:64]}..."
+    return NotFoundError(
+        f"No video generation job found with id '{shown}'.",
+        code="video_job_not_found",
+        param="job_id",
+    )

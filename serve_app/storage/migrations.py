@@ -237,11 +237,50 @@ _V3_REPLICA_OPTIONAL_TS = ("ready_at", "drain_requested_at", "scaled_down_at")
 _V3_REQUEST_OPTIONAL_INT = ("ttft_ms", "latency_ms", "cold_wait_ms", "cached_tokens")
 
 
+def _v4_video_jobs(conn: Connection) -> None:
+    """Video generation jobs, and video seconds (with their unit price) in the usage ledger."""
+    md = sa.MetaData()
+    ts = sa.DateTime(timezone=True)
+    text, integer = sa.Text, sa.Integer
+    sa.Table(
+        "video_jobs",
+        md,
+        sa.Column("id", text, primary_key=True),
+        *(sa.Column(name, text, nullable=False) for name in _V4_JOB_TEXT),
+        sa.Column("negative_prompt", text, nullable=True),
+        *(sa.Column(name, integer, nullable=True) for name in _V4_JOB_SIZES),
+        sa.Column("seed", sa.BigInteger, nullable=False),
+        sa.Column("pricing", text, nullable=False),
+        *(sa.Column(name, text, nullable=True) for name in ("worker", "error", "object_key")),
+        sa.Column("seconds", sa.Float, nullable=True),
+        sa.Column("gen_seconds", sa.Float, nullable=True),
+        sa.Column("created_at", ts, nullable=False),
+        *(sa.Column(name, ts, nullable=True) for name in _V4_JOB_OPTIONAL_TS),
+        sa.CheckConstraint(
+            "status IN ('queued', 'running', 'completed', 'failed', 'cancelled')",
+            name="ck_video_jobs_status",
+        ),
+        sa.Index("ix_video_jobs_user_created", "user_id", "created_at"),
+        sa.Index("ix_video_jobs_model_status", "model", "status", "created_at"),
+    )
+    md.create_all(conn)
+    conn.execute(
+        sa.text("ALTER TABLE usage_records ADD COLUMN video_seconds FLOAT NOT NULL DEFAULT 0")
+    )
+    conn.execute(sa.text("ALTER TABLE usage_records ADD COLUMN per_video_second FLOAT"))
+
+
+_V4_JOB_TEXT = ("user_id", "key_id", "org_id", "model", "status", "prompt")
+_V4_JOB_SIZES = ("width", "height", "num_frames", "fps", "num_inference_steps")
+_V4_JOB_OPTIONAL_TS = ("started_at", "heartbeat_at", "finished_at")
+
+
 # ---- The ordered history. Append new migrations at the end. ----------------
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "accounts", _v1_accounts),
     Migration(2, "usage_ledger", _v2_usage_ledger),
     Migration(3, "dedicated_endpoints", _v3_dedicated),
+    Migration(4, "video_jobs", _v4_video_jobs),
 )
 
 

@@ -113,6 +113,9 @@ usage_records = sa.Table(
     sa.Column("per_audio_second", sa.Float, nullable=True),
     sa.Column("spot_multiplier", sa.Float, nullable=True),
     sa.Column("cost", sa.Float, nullable=False),
+    # Added by migration 4 (video jobs): seconds of generated video and their unit price.
+    sa.Column("video_seconds", sa.Float, nullable=False, server_default=sa.text("0")),
+    sa.Column("per_video_second", sa.Float, nullable=True),
     sa.CheckConstraint("status IN ('ok', 'partial', 'aborted')", name="ck_usage_records_status"),
     sa.Index("ix_usage_records_user_created", "user_id", "created_at"),
 )
@@ -205,4 +208,44 @@ dedicated_leases = sa.Table(
     sa.Column("name", sa.Text, primary_key=True),
     sa.Column("holder", sa.Text, nullable=False),
     sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+# Asynchronous video generation jobs (serve_app.jobs). The gateway inserts a row (queued,
+# under the per-user cap); a video head's worker claims it (running, heartbeat_at refreshed
+# while it generates) and finishes it (completed with object_key, or failed). Requested
+# sizes are NULL when the caller omitted them: the head fills the model's defaults.
+VIDEO_JOB_STATUSES = ("queued", "running", "completed", "failed", "cancelled")
+video_jobs = sa.Table(
+    "video_jobs",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("user_id", sa.Text, nullable=False),
+    sa.Column("key_id", sa.Text, nullable=False),
+    sa.Column("org_id", sa.Text, nullable=False),
+    sa.Column("model", sa.Text, nullable=False),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("prompt", sa.Text, nullable=False),
+    sa.Column("negative_prompt", sa.Text, nullable=True),
+    sa.Column("width", sa.Integer, nullable=True),
+    sa.Column("height", sa.Integer, nullable=True),
+    sa.Column("num_frames", sa.Integer, nullable=True),
+    sa.Column("fps", sa.Integer, nullable=True),
+    sa.Column("num_inference_steps", sa.Integer, nullable=True),
+    sa.Column("seed", sa.BigInteger, nullable=False),
+    sa.Column("pricing", sa.Text, nullable=False),  # JSON PricingConfig in force at creation
+    sa.Column("worker", sa.Text, nullable=True),  # the head replica that claimed it
+    sa.Column("error", sa.Text, nullable=True),
+    sa.Column("object_key", sa.Text, nullable=True),
+    sa.Column("seconds", sa.Float, nullable=True),
+    sa.Column("gen_seconds", sa.Float, nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+    sa.CheckConstraint(
+        "status IN ('queued', 'running', 'completed', 'failed', 'cancelled')",
+        name="ck_video_jobs_status",
+    ),
+    sa.Index("ix_video_jobs_user_created", "user_id", "created_at"),
+    sa.Index("ix_video_jobs_model_status", "model", "status", "created_at"),
 )

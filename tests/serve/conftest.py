@@ -79,6 +79,7 @@ def _catalog() -> list[dict[str, object]]:
             "deployment": {"ray_actor_options": {"num_cpus": 0.5}},
         },
         *_audio_catalog(),
+        *_video_catalog(),
         *dedicated_catalog(),
     ]
 
@@ -108,6 +109,37 @@ def _audio_catalog() -> list[dict[str, object]]:
             "engine": {"backend": "faster-whisper", "config": {}},
             "deployment": small,
         },
+    ]
+
+
+WAN_VIDEO = "wan-tiny-video"
+
+
+def _video_catalog() -> list[dict[str, object]]:
+    """The embedded CPU video head: diffusers WanPipeline on the tiny model built locally."""
+    return [
+        {
+            "id": WAN_VIDEO,
+            "head": "video",
+            "output_modalities": ["video"],
+            "pricing": {"mode": "fixed", "per_video_second": 0.001},
+            "engine": {
+                "backend": "wan",
+                "config": {
+                    "model": "tiny:wan",
+                    "threads": 1,
+                    "max_sequence_length": 32,
+                    "defaults": {
+                        "width": 32,
+                        "height": 32,
+                        "num_frames": 9,
+                        "fps": 8,
+                        "num_inference_steps": 2,
+                    },
+                },
+            },
+            "deployment": {"ray_actor_options": {"num_cpus": 0.25}},
+        }
     ]
 
 

@@ -1,0 +1,1 @@
+"""Asynchronous video generation jobs: durable state, the per-user cap, reconciliation."""

@@ -1,0 +1,208 @@
+"""Object storage for generated files (videos): a local folder, or S3 through boto3.
+
+Both stores answer the same three calls: ``put`` (the video head uploads a
+finished MP4), ``delete`` (an upload orphaned by a cancellation), and ``url``
+(the gateway resolves a fresh, expiring URL on every read of a job).
+
+- ``LocalObjectStore`` (the embedded default) needs no server: files live under
+  ``<state_dir>/objects`` and the gateway serves them itself at
+  ``GET /v1/video/files/{key}?expires=..&signature=..``. The URL is its own
+  credential (no API key, like an S3 presigned URL): an HMAC-SHA256 of the key
+  and the expiry under a secret only the gateway's processes know. Keys are
+  checked against a strict pattern before any path is built, so no request can
+  name a file outside the folder. One machine only: heads and gateway replicas
+  must share the folder.
+- ``S3ObjectStore`` puts objects in a bucket of any S3-compatible service and
+  hands out boto3 presigned GET URLs (computed locally, no request to S3).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import re
+import secrets
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import quote
+
+from serve_app.protocol.errors import NotFoundError, PermissionDeniedError
+from serve_app.settings import GatewaySettings
+
+logger = logging.getLogger(__name__)
+
+FILES_ROUTE = "/v1/video/files/"
+"""Where the gateway serves the local store's objects (serve_app.routes.video)."""
+
+_SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+_KEY = re.compile(rf"^{_SEGMENT}(?:/{_SEGMENT}){{0,7}}$")
+"""Segments start with a letter or digit: no ``.``/``..``, no hidden files, no empty parts."""
+_SECRET_FILE = ".url-secret"
+
+
+def valid_key(key: str) -> bool:
+    return len(key) <= 512 and _KEY.fullmatch(key) is not None
+
+
+class ObjectStore(Protocol):
+    """Where generated files go and how a client is given a URL to fetch them."""
+
+    def put(self, key: str, data: bytes, content_type: str) -> None: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def url(self, key: str, expires_in_s: int, base_url: str) -> str: ...
+
+
+def _object_not_found() -> NotFoundError:
+    return NotFoundError("No such file.", code="object_not_found")
+
+
+class LocalObjectStore:
+    """Files in a local folder, served by the gateway under HMAC-signed expiring URLs."""
+
+    def __init__(
+        self,
+        root: Path,
+        secret: bytes | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.root = root
+        self._secret = secret
+        self._clock = clock
+
+    # ---- writing (the video head) -------------------------------------------------
+    def put(self, key: str, data: bytes, content_type: str) -> None:
+        """Write atomically: a reader never sees a half-written file."""
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".upload-", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    # ---- signing and serving (the gateway) -----------------------------------------
+    def url(self, key: str, expires_in_s: int, base_url: str) -> str:
+        expires = int(self._clock()) + expires_in_s
+        signature = self.signature(key, expires)
+        base = base_url.rstrip("/")
+        return f"{base}{FILES_ROUTE}{quote(key)}?expires={expires}&signature={signature}"
+
+    def signature(self, key: str, expires: int) -> str:
+        message = f"{key}\n{expires}".encode()
+        return hmac.new(self._key(), message, hashlib.sha256).hexdigest()
+
+    def verified_path(self, key: str, expires: str, signature: str) -> Path:
+        """The file a signed URL names, or 404 (bad key, missing file) / 403 (bad or expired).
+
+        The key's shape is checked first, so nothing outside the folder is ever
+        looked at; the signature is compared in constant time.
+        """
+        if not valid_key(key):
+            raise _object_not_found()
+        if not expires.isdigit() or len(expires) > 12:
+            raise PermissionDeniedError("Invalid URL signature.", code="invalid_signature")
+        if not hmac.compare_digest(self.signature(key, int(expires)), signature):
+            raise PermissionDeniedError("Invalid URL signature.", code="invalid_signature")
+        if int(expires) < self._clock():
+            raise PermissionDeniedError(
+                "This URL has expired; read the job again for a fresh one.", code="url_expired"
+            )
+        path = self._path(key)
+        if not path.is_file():
+            raise _object_not_found()
+        return path
+
+    def _path(self, key: str) -> Path:
+        if not valid_key(key):
+            raise ValueError(f"invalid object key {key!r}")
+        return self.root / key
+
+    def _key(self) -> bytes:
+        """The signing secret: configured, or generated once per folder and shared."""
+        if self._secret is None:
+            self._secret = _shared_secret(self.root / _SECRET_FILE)
+        return self._secret
+
+
+def _shared_secret(path: Path) -> bytes:
+    """Read the folder's secret, creating it atomically (link) if no process has yet."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        fd, tmp = tempfile.mkstemp(prefix=".secret-", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_hex(32))
+            try:
+                os.link(tmp, path)  # fails if another process created it first
+                logger.info("generated the object URL signing secret in %s", path)
+            except FileExistsError:
+                pass
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+    return path.read_text().strip().encode()
+
+
+class S3ObjectStore:
+    """Objects in an S3-compatible bucket; presigned GET URLs from boto3."""
+
+    def __init__(self, client: Any, bucket: str, prefix: str = "") -> None:
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix
+
+    def put(self, key: str, data: bytes, content_type: str) -> None:
+        self.client.put_object(
+            Bucket=self.bucket, Key=self.prefix + key, Body=data, ContentType=content_type
+        )
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self.prefix + key)
+
+    def url(self, key: str, expires_in_s: int, base_url: str) -> str:
+        url: str = self.client.generate_presigned_url(
+            "get_object",
+            Params={"Bucket": self.bucket, "Key": self.prefix + key},
+            ExpiresIn=expires_in_s,
+        )
+        return url
+
+
+def s3_client(settings: GatewaySettings) -> Any:
+    """A boto3 S3 client from ``GATEWAY_S3_*``, falling back to boto3's own chain."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=settings.s3_endpoint_url,
+        region_name=settings.s3_region,
+        aws_access_key_id=settings.s3_access_key_id,
+        aws_secret_access_key=settings.s3_secret_access_key,
+        config=Config(
+            signature_version="s3v4", s3={"addressing_style": settings.s3_addressing_style}
+        ),
+    )
+
+
+def build_object_store(settings: GatewaySettings) -> ObjectStore:
+    """The store ``GATEWAY_OBJECT_STORE`` names (the same in the gateway and the heads)."""
+    if settings.object_store == "s3":
+        if not settings.s3_bucket:
+            raise ValueError("GATEWAY_OBJECT_STORE=s3 needs GATEWAY_S3_BUCKET")
+        return S3ObjectStore(s3_client(settings), settings.s3_bucket, settings.s3_prefix)
+    secret = settings.object_url_secret.encode() if settings.object_url_secret else None
+    return LocalObjectStore(settings.resolved_objects_dir(), secret)
