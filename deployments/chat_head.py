@@ -25,6 +25,7 @@ from deployments.engines.base import (
     TextEngine,
 )
 from deployments.head_protocol import HeadEvent, HeadFailure, HeadRequest, HeadStarted
+from deployments.replica_logging import configure_replica_logging
 from deployments.stream_batching import coalesce
 from serve_app.protocol.errors import GatewayError, InvalidRequestError, UpstreamError
 
@@ -184,6 +185,7 @@ class ChatHead:
     async def __init__(  # type: ignore[misc]  # Ray Serve awaits async constructors
         self, model_id: str, backend: str, engine_config: dict[str, Any]
     ) -> None:
+        configure_replica_logging()
         # Imported here: the gateway process imports this module for the
         # handle types and must not pay for (or need) vLLM itself.
         from deployments.engines.factory import build_text_engine

@@ -24,6 +24,7 @@ from ray import serve
 from deployments.chat_head import ChatHeadCore
 from deployments.engines.base import GenerationDone
 from deployments.head_protocol import HeadEvent, HeadRequest
+from deployments.replica_logging import configure_replica_logging
 from deployments.stream_batching import coalesce
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class DedicatedHead:
         peers: Any = None,
     ) -> None:
         """``peers`` only binds hybrid's ``burst`` deployment into the same app (unused)."""
+        configure_replica_logging()
         from deployments.engines.factory import build_text_engine
 
         self.model_id = model_id

@@ -32,6 +32,7 @@ from deployments.engines.document_base import (
     ParseOptions,
 )
 from deployments.head_protocol import HeadFailure
+from deployments.replica_logging import configure_replica_logging
 from serve_app.protocol.errors import (
     GatewayError,
     InvalidRequestError,
@@ -141,6 +142,7 @@ class DetectHead:
     async def __init__(  # type: ignore[misc]  # Ray Serve awaits async constructors
         self, model_id: str, backend: str, engine_config: dict[str, Any]
     ) -> None:
+        configure_replica_logging()
         from deployments.engines.document_factory import build_detect_engine
 
         self.core = DetectHeadCore(build_detect_engine(backend, engine_config))
@@ -164,6 +166,7 @@ class ParseHead:
     async def __init__(  # type: ignore[misc]  # Ray Serve awaits async constructors
         self, model_id: str, backend: str, engine_config: dict[str, Any]
     ) -> None:
+        configure_replica_logging()
         from deployments.engines.document_factory import build_parse_engine
 
         self.core = ParseHeadCore(build_parse_engine(backend, engine_config))

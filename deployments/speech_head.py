@@ -24,6 +24,7 @@ from deployments.engines.audio_base import (
     strip_emotion_tags,
 )
 from deployments.head_protocol import HeadFailure
+from deployments.replica_logging import configure_replica_logging
 from serve_app.protocol.errors import (
     GatewayError,
     InvalidRequestError,
@@ -90,6 +91,7 @@ class SpeechHead:
     async def __init__(  # type: ignore[misc]  # Ray Serve awaits async constructors
         self, model_id: str, backend: str, engine_config: dict[str, Any]
     ) -> None:
+        configure_replica_logging()
         from deployments.engines.audio_factory import build_speech_engine
 
         self.model_id = model_id

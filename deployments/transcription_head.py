@@ -28,6 +28,7 @@ from deployments.engines.audio_base import (
     sniff_container,
 )
 from deployments.head_protocol import HeadFailure
+from deployments.replica_logging import configure_replica_logging
 from serve_app.protocol.errors import GatewayError, ModelUnavailableError, UpstreamError
 
 logger = logging.getLogger(__name__)
@@ -94,6 +95,7 @@ class TranscriptionHead:
         engine_config: dict[str, Any],
         max_audio_seconds: float = DEFAULT_MAX_AUDIO_SECONDS,
     ) -> None:
+        configure_replica_logging()
         from deployments.engines.audio_factory import build_transcription_engine
 
         self.model_id = model_id

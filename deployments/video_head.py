@@ -47,6 +47,7 @@ from deployments.engines.video_base import (
     VideoEngineInfo,
     resolve_params,
 )
+from deployments.replica_logging import configure_replica_logging
 from serve_app.jobs.records import VideoJob
 from serve_app.jobs.store import JobStore
 from serve_app.protocol.errors import GatewayError
@@ -228,6 +229,7 @@ class VideoHead:
         engine_config: dict[str, Any],
         options: dict[str, Any] | None = None,
     ) -> None:
+        configure_replica_logging()
         from deployments.engines.video_factory import build_video_engine
         from serve_app.settings import get_settings
         from serve_app.storage.db import Database

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 from ray import serve
 
+from deployments.replica_logging import configure_replica_logging
 from serve_app.auth.accounts import AccountStore
 from serve_app.auth.service import AuthService
 from serve_app.catalog.catalog import Catalog
@@ -130,6 +131,7 @@ class Gateway:
     async def __init__(  # type: ignore[misc]  # Serve awaits async constructors
         self, args: dict[str, Any], heads: dict[str, Any]
     ) -> None:
+        configure_replica_logging()
         config = GatewayAppArgs.model_validate(args)
         clients: dict[str, HeadClient] = {
             m.id: RayHeadClient(m.id, heads[m.id])
