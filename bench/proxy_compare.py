@@ -88,11 +88,13 @@ def start_gateway(port: int, state: str) -> str:
     import ray
     from ray import serve
 
+    from deployments.engines.model_prep import ensure_model
     from serve_app.auth.accounts import AccountStore
     from serve_app.builders import build_gateway_app
     from serve_app.storage.db import Database
 
     os.environ["GATEWAY_DATABASE_URL"] = f"sqlite:///{state}/gateway.db"
+    os.environ["GATEWAY_MODELS_DIR"] = str(ensure_model(MODEL).parent)  # reuse the cache
     os.environ["GATEWAY_STATE_DIR"] = state
     database = Database(os.environ["GATEWAY_DATABASE_URL"])
     database.migrate()

@@ -46,6 +46,12 @@ class GatewaySettings(BaseSettings):
         default="",
         description="Optional secret mixed into key hashes; changing it invalidates all keys.",
     )
+    models_dir: Path | None = Field(
+        default=None,
+        description="Cache of models built from PyPI packages (prepared SmolLM2, tiny "
+        "document/video models); default state_dir/models. Separate so several state "
+        "folders (tests, benchmarks) share one cache instead of converting again.",
+    )
     # ---- object storage (generated videos; serve_app.storage.objects) ----
     object_store: Literal["local", "s3"] = Field(
         default="local",
@@ -87,6 +93,10 @@ class GatewaySettings(BaseSettings):
     s3_addressing_style: Literal["auto", "path", "virtual"] = Field(
         default="auto", description="path for most self-hosted S3 servers."
     )
+
+    def resolved_models_dir(self) -> Path:
+        """Where prepared and locally built models are cached."""
+        return self.models_dir or self.state_dir / "models"
 
     def resolved_objects_dir(self) -> Path:
         """Where the local object store keeps its files."""

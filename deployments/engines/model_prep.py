@@ -59,10 +59,10 @@ class GgufSource:
 
 
 def default_models_dir() -> Path:
-    """``<state_dir>/models``: where prepared models live unless told otherwise."""
+    """``GATEWAY_MODELS_DIR`` (default ``<state_dir>/models``): the prepared-model cache."""
     from serve_app.settings import GatewaySettings
 
-    return GatewaySettings().state_dir / "models"
+    return GatewaySettings().resolved_models_dir()
 
 
 def find_gguf(package: str) -> GgufSource:

@@ -151,7 +151,10 @@ def serve_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeStack
     from deployments.engines.model_prep import ensure_model
     from serve_app.builders import build_gateway_app
 
-    ensure_model(SMOLLM)
+    models = ensure_model(SMOLLM).parent
+    # Heads resolve prepared models in this cache, not in the test's state folder
+    # (else every session converts SmolLM2 again inside the head, ~35 s).
+    os.environ["GATEWAY_MODELS_DIR"] = str(models)
     state_dir = tmp_path_factory.mktemp("gateway-state")
     db_url = f"sqlite:///{Path(state_dir) / 'gateway.db'}"
     os.environ["GATEWAY_DATABASE_URL"] = db_url
