@@ -95,6 +95,14 @@ class VLLMEngineConfig(BaseModel):
             "counted as reasoning tokens; 'none': all output is answer text."
         ),
     )
+    engine_metrics: bool = Field(
+        default=True,
+        description=(
+            "Keep vLLM's own per-step statistics (prompt/generation token counters, queue, "
+            "KV-cache and prefix-cache figures) and export them as Ray metrics, shown on "
+            "the Ray dashboard and scraped by Prometheus next to the gateway's."
+        ),
+    )
     engine_args: dict[str, Any] = Field(
         default_factory=dict,
         description="Further AsyncEngineArgs fields passed as given; they win over the above.",
@@ -115,7 +123,7 @@ class VLLMEngineConfig(BaseModel):
             "enforce_eager": on_cpu if self.enforce_eager is None else self.enforce_eager,
             "tensor_parallel_size": self.tensor_parallel_size,
             "gpu_memory_utilization": self.gpu_memory_utilization,
-            "disable_log_stats": True,
+            "disable_log_stats": not self.engine_metrics,
         }
         if self.max_model_len is not None:
             kwargs["max_model_len"] = self.max_model_len

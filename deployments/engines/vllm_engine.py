@@ -207,7 +207,9 @@ class VLLMEngine(TextEngine):
             raise ValueError(f"Unknown vLLM engine args: {', '.join(unknown)}")
         started = time.monotonic()
         engine = await asyncio.to_thread(
-            vllm.AsyncLLM.from_engine_args, vllm.AsyncEngineArgs(**kwargs)
+            vllm.AsyncLLM.from_engine_args,
+            vllm.AsyncEngineArgs(**kwargs),
+            stat_loggers=_stat_loggers() if self.config.engine_metrics else None,
         )
         # Built off the loop, the client could not start its output reader; start it
         # now so an engine crash is noticed before the first request (vLLM 0.32 API).
@@ -380,6 +382,21 @@ class VLLMEngine(TextEngine):
         if self._engine is None:
             raise ModelUnavailableError("The model engine is not started.", code="model_warming")
         return self._engine
+
+
+def _stat_loggers() -> list[Any] | None:
+    """vLLM's Prometheus metrics as Ray metrics inside a Ray worker (a Serve replica).
+
+    Outside Ray, vLLM's default Prometheus logger fills the process's own
+    prometheus_client registry instead (what the engine tests read).
+    """
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
+
+    return [RayPrometheusStatLogger]
 
 
 def _map_finish_reason(reason: str | None) -> str | None:

@@ -233,3 +233,60 @@ async def test_abort_by_id_ends_a_running_stream(engine: VLLMEngine) -> None:
     with pytest.raises(ModelUnavailableError):
         await asyncio.wait_for(drain(), timeout=10)
     assert engine.unfinished_requests == 0
+
+
+def _engine_counter(name: str) -> float:
+    """vLLM's own Prometheus counter (summed over label sets) in this process."""
+    from prometheus_client import REGISTRY
+
+    return sum(
+        sample.value
+        for metric in REGISTRY.collect()
+        for sample in metric.samples
+        if sample.name == f"vllm:{name}_total"
+    )
+
+
+async def _settled(name: str, before: float, expected: float) -> float:
+    """The counter's increase once vLLM's output loop has recorded the last step."""
+    grown = _engine_counter(name) - before
+    for _ in range(40):
+        if grown >= expected:
+            break
+        await asyncio.sleep(0.05)
+        grown = _engine_counter(name) - before
+    await asyncio.sleep(0.2)  # anything recorded late would show as drift below
+    return _engine_counter(name) - before
+
+
+async def test_reported_tokens_match_the_engines_own_counters(engine: VLLMEngine) -> None:
+    """What the head bills (GenerationDone) is what vLLM itself counted, n>1 included.
+
+    With n>1 vLLM runs one child request per choice, each over the whole
+    prompt, so its prompt counter grows n times; usage (and the ledger) counts
+    the prompt once, as the API's usage object defines it (spec 2.7).
+    """
+    prompt = await chat(engine)
+    before_gen = _engine_counter("generation_tokens")
+    before_prompt = _engine_counter("prompt_tokens")
+    sampling = SamplingSpec(max_tokens=6, n=2, temperature=0.8, seed=1)
+    _, done = await collect(engine, prompt, sampling, "count-1")
+    generated = await _settled("generation_tokens", before_gen, done.completion_tokens)
+    assert generated == done.completion_tokens == 12
+    prompted = await _settled("prompt_tokens", before_prompt, 2 * done.prompt_tokens)
+    assert prompted == 2 * done.prompt_tokens
+
+
+async def test_an_aborted_stream_reports_what_the_engine_generated(engine: VLLMEngine) -> None:
+    """A consumer that leaves has been told every token the engine made before the abort."""
+    sampling = greedy(max_tokens=40, extra={"ignore_eos": True})
+    before = _engine_counter("generation_tokens")
+    stream = engine.generate("count-abort", await chat(engine), sampling)
+    seen = 0
+    async for event in stream:
+        assert isinstance(event, TextDelta)
+        seen = event.completion_tokens
+        if seen >= 3:
+            break
+    await stream.aclose()  # type: ignore[attr-defined]
+    assert await _settled("generation_tokens", before, seen) == seen
