@@ -47,7 +47,7 @@ from deployments.head_protocol import HeadRequest
 MODEL = "smollm2-135m-instruct"
 
 
-def _catalog() -> list[dict[str, Any]]:
+def _catalog(stream_batch_ms: float) -> list[dict[str, Any]]:
     return [
         {
             "id": MODEL,
@@ -58,7 +58,11 @@ def _catalog() -> list[dict[str, Any]]:
                 "backend": "vllm",
                 "config": {"model": f"prepared:{MODEL}", "max_model_len": 1024, "max_num_seqs": 16},
             },
-            "deployment": {"max_ongoing_requests": 64, "ray_actor_options": {"num_cpus": 1}},
+            "deployment": {
+                "max_ongoing_requests": 64,
+                "ray_actor_options": {"num_cpus": 1},
+                "stream_batch_ms": stream_batch_ms,
+            },
         }
     ]
 
@@ -115,7 +119,8 @@ def _report(
     cores = os.cpu_count() or 1
     print(
         f"\nworkload: {args.requests} sequential requests, max_tokens={args.max_tokens}, "
-        f"temperature 0; throughput at concurrency {args.concurrency}; {cores} cores"
+        f"temperature 0; throughput at concurrency {args.concurrency}; {cores} cores; "
+        f"head stream_batch_ms={args.stream_batch_ms:g}"
     )
     print(HEADER)
     for name, series in runs.items():
@@ -143,6 +148,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=30, help="sequential requests per path")
     parser.add_argument("--concurrency", type=int, default=8, help="for the throughput runs")
     parser.add_argument("--max-tokens", type=int, default=8, help="tokens per answer")
+    parser.add_argument(
+        "--stream-batch-ms",
+        type=float,
+        default=20.0,
+        help="the head's batch window (catalog deployment.stream_batch_ms; 0 = per event)",
+    )
     args = parser.parse_args()
 
     import ray
@@ -169,8 +180,11 @@ def main() -> None:
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     # Limits configured (far above the load) so every request is admitted and settled
     # against real counters: the overhead measured is the gateway's with limits on.
-    args = {"catalog": _catalog(), "limits": {"rpm": 10**6, "tpm": 10**9}}
-    serve.run(build_gateway_app(args), name="gateway", blocking=False)
+    app_args = {
+        "catalog": _catalog(args.stream_batch_ms),
+        "limits": {"rpm": 10**6, "tpm": 10**9},
+    }
+    serve.run(build_gateway_app(app_args), name="gateway", blocking=False)
     t_app = time.perf_counter()
     base_url = f"http://127.0.0.1:{port}"
     with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"}) as c:

@@ -26,7 +26,7 @@ from deployments.engines.base import (
 )
 from deployments.head_protocol import HeadEvent, HeadFailure, HeadRequest, HeadStarted
 from deployments.replica_logging import configure_replica_logging
-from deployments.stream_batching import coalesce
+from deployments.stream_batching import DEFAULT_INTERVAL_S, coalesce
 from serve_app.protocol.errors import GatewayError, InvalidRequestError, UpstreamError
 
 logger = logging.getLogger(__name__)
@@ -183,9 +183,14 @@ class ChatHead:
     """Ray Serve replica hosting one text engine; the engine comes from a factory."""
 
     async def __init__(  # type: ignore[misc]  # Ray Serve awaits async constructors
-        self, model_id: str, backend: str, engine_config: dict[str, Any]
+        self,
+        model_id: str,
+        backend: str,
+        engine_config: dict[str, Any],
+        stream_batch_ms: float = DEFAULT_INTERVAL_S * 1000,
     ) -> None:
         configure_replica_logging()
+        self.batch_interval_s = stream_batch_ms / 1000
         # Imported here: the gateway process imports this module for the
         # handle types and must not pay for (or need) vLLM itself.
         from deployments.engines.factory import build_text_engine
@@ -197,7 +202,12 @@ class ChatHead:
 
     async def generate(self, request: HeadRequest) -> AsyncIterator[list[HeadEvent]]:
         """The core's events in batches: one handle message per batch, not per token."""
-        async for batch in coalesce(self.core.generate(request)):
+        events = self.core.generate(request)
+        if not self.batch_interval_s:
+            async for event in events:
+                yield [event]
+            return
+        async for batch in coalesce(events, self.batch_interval_s):
             yield batch
 
     async def info(self) -> EngineInfo:

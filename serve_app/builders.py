@@ -75,6 +75,8 @@ def head_application(
     head = HEAD_DEPLOYMENTS[model.head].options(**options)
     if model.head == "transcription" and max_audio_seconds is not None:
         return head.bind(model.id, model.engine.backend, model.engine.config, max_audio_seconds)
+    if model.head == "chat":
+        return head.bind(model.id, model.engine.backend, model.engine.config, spec.stream_batch_ms)
     if model.head == "video":  # the worker's pacing must agree with the gateway's
         return head.bind(model.id, model.engine.backend, model.engine.config, video_options or {})
     return head.bind(model.id, model.engine.backend, model.engine.config)

@@ -110,6 +110,13 @@ class DeploymentSpec(_Strict):
     )
     health_check_period_s: float = Field(default=10.0, gt=0)
     health_check_timeout_s: float = Field(default=30.0, gt=0)
+    stream_batch_ms: float = Field(
+        default=20.0,
+        ge=0,
+        le=1000,
+        description="Chat heads: later tokens produced within this window cross to the "
+        "gateway as one message (the first token never waits); 0 sends every event alone.",
+    )
 
 
 class CatalogModel(_Strict):
