@@ -17,6 +17,8 @@ That is what lets the migration runner ask for ``BEGIN IMMEDIATE``.
 from __future__ import annotations
 
 import logging
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -39,10 +41,35 @@ def _on_sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     try:
         cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA journal_mode = WAL")
+        _enable_wal(cursor)
         cursor.execute("PRAGMA foreign_keys = ON")
     finally:
         cursor.close()
+
+
+def _enable_wal(cursor: Any) -> None:
+    """Switch the file to WAL, waiting out other connections doing the same.
+
+    The journal mode is stored in the file, so this is a no-op after the first
+    connection. Changing it needs an exclusive lock, and SQLite answers "database
+    is locked" at once there instead of calling the busy handler, so connections
+    opening a fresh file together (replicas starting, concurrent migrations)
+    retry until ``busy_timeout`` is spent instead of failing.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    delay = 0.005
+    while True:
+        try:
+            mode = cursor.execute("PRAGMA journal_mode").fetchone()
+            if mode and str(mode[0]).lower() == "wal":
+                return
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
 
 
 def _on_sqlite_begin(conn: Connection) -> None:
