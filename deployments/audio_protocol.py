@@ -9,8 +9,9 @@ of arriving as Ray's generic task error.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from deployments.engines.audio_base import TranscriptSegment
 from deployments.head_protocol import HeadFailure
 
 
@@ -51,6 +52,7 @@ class TranscriptionHeadResult:
     seconds: float
     """Duration of the decoded audio (billed per second)."""
     language: str | None = None
+    segments: list[TranscriptSegment] = field(default_factory=list)
 
 
 SpeechHeadReply = SpeechHeadResult | HeadFailure

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from ray import serve
@@ -26,10 +27,12 @@ from deployments.document_protocol import (
     ParseHeadResult,
 )
 from deployments.engines.document_base import (
+    MAX_IMAGE_PIXELS,
     DetectEngine,
     ParseEngine,
     ParseEngineInfo,
     ParseOptions,
+    Region,
 )
 from deployments.head_protocol import HeadFailure
 from deployments.replica_logging import configure_replica_logging
@@ -46,20 +49,61 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def decode_image(data: bytes) -> Image.Image:
-    """The RGB image in ``data``, or ``invalid_image`` (also for decompression bombs)."""
+def decode_image(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
+    """The RGB image in ``data``, or ``invalid_image``.
+
+    The size is read from the header and checked against ``max_pixels`` before a
+    single pixel is decoded: a decompression bomb (kilobytes of PNG declaring
+    gigapixels) is refused instead of filling the replica's memory.
+    """
     from PIL import Image as PilImage
 
     try:
-        with PilImage.open(io.BytesIO(data)) as img:
-            img.load()
-            return img.convert("RGB")
-    except (OSError, ValueError, SyntaxError, PilImage.DecompressionBombError) as err:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PilImage.DecompressionBombWarning)
+            with PilImage.open(io.BytesIO(data)) as img:
+                width, height = img.size
+                if width * height > max_pixels:
+                    raise too_many_pixels(width, height, max_pixels)
+                img.load()
+                return img.convert("RGB")
+    except PilImage.DecompressionBombError:
+        raise too_many_pixels(None, None, max_pixels) from None
+    except (OSError, ValueError, SyntaxError) as err:
         raise InvalidRequestError(
             f"Invalid image: it could not be decoded ({type(err).__name__}).",
             code="invalid_image",
             param="image",
         ) from None
+
+
+def too_many_pixels(width: int | None, height: int | None, limit: int) -> InvalidRequestError:
+    size = f"{width} x {height} pixels" if width and height else "too many pixels"
+    return InvalidRequestError(
+        f"Invalid image: it is {size}; at most {limit:,} pixels are accepted.",
+        code="invalid_image",
+        param="image",
+    )
+
+
+def inside(regions: list[Region], width: int, height: int) -> list[Region]:
+    """Boxes clipped to the image (detectors may reach past its edge); empty ones dropped.
+
+    Detect boxes are valid ``table_bboxes`` of parse as they are, and parse refuses
+    boxes outside the image, so a box is never handed out that parse would refuse.
+    """
+    kept = []
+    for region in regions:
+        x0, y0, x1, y1 = region.box
+        box = [
+            round(min(max(x0, 0.0), width), 1),
+            round(min(max(y0, 0.0), height), 1),
+            round(min(max(x1, 0.0), width), 1),
+            round(min(max(y1, 0.0), height), 1),
+        ]
+        if box[0] < box[2] and box[1] < box[3]:
+            kept.append(Region(label=region.label, score=region.score, box=box))
+    return kept
 
 
 async def _answer(kind: str, request_id: str, work: Any) -> Any:
@@ -93,8 +137,9 @@ class DetectHeadCore:
     async def _detect(self, request: DetectHeadRequest) -> DetectHeadResult:
         if not self.started:
             raise ModelUnavailableError("The detect head is still starting.", code="model_warming")
-        image = await asyncio.to_thread(decode_image, request.image)
-        return DetectHeadResult(regions=await self.engine.detect(image))
+        image = await asyncio.to_thread(decode_image, request.image, request.max_pixels)
+        regions = await self.engine.detect(image)
+        return DetectHeadResult(regions=inside(regions, image.width, image.height))
 
 
 class ParseHeadCore:
@@ -122,7 +167,7 @@ class ParseHeadCore:
                 code="missing_required_parameter",
                 param="table_bboxes",
             )
-        image = await asyncio.to_thread(decode_image, request.image)
+        image = await asyncio.to_thread(decode_image, request.image, request.max_pixels)
         options = ParseOptions(
             max_new_tokens=request.max_new_tokens,
             table_bboxes=request.table_bboxes if info.needs_table_bboxes else [],

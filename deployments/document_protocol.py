@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from deployments.engines.document_base import Box, ParseField, Region
+from deployments.engines.document_base import MAX_IMAGE_PIXELS, Box, ParseField, Region
 from deployments.head_protocol import HeadFailure
 
 
@@ -18,6 +18,8 @@ from deployments.head_protocol import HeadFailure
 class DetectHeadRequest:
     request_id: str
     image: bytes
+    max_pixels: int = MAX_IMAGE_PIXELS
+    """The gateway's pixel bound, enforced again where the image is decoded."""
 
 
 @dataclass
@@ -33,6 +35,7 @@ class ParseHeadRequest:
     image: bytes
     max_new_tokens: int
     table_bboxes: list[Box] = field(default_factory=list)
+    max_pixels: int = MAX_IMAGE_PIXELS
 
 
 @dataclass

@@ -80,6 +80,12 @@ class SpeechHeadCore:
                 param="input",
             )
         audio = await self.engine.synthesize(text, request.voice)
+        if audio.samples.size == 0:  # e.g. Piper on bare punctuation: nothing to pronounce
+            raise InvalidRequestError(
+                "The input has no pronounceable text; the model produced no audio.",
+                code="invalid_value",
+                param="input",
+            )
         wav, seconds = await asyncio.to_thread(to_wire_wav, audio.samples, audio.sample_rate)
         return SpeechHeadResult(wav=wav, seconds=seconds, voice=info.voices[request.voice])
 

@@ -81,6 +81,7 @@ class TranscriptionHeadCore:
             text=transcript.text,
             seconds=samples.size / info.sample_rate,
             language=transcript.language,
+            segments=transcript.segments,
         )
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import abc
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
@@ -126,9 +126,27 @@ class TranscriptionOptions:
 
 
 @dataclass
+class TranscriptSegment:
+    """One timed piece of a transcript (OpenAI's ``verbose_json`` segment fields)."""
+
+    id: int
+    start: float
+    end: float
+    text: str
+    seek: int = 0
+    tokens: list[int] = field(default_factory=list)
+    temperature: float = 0.0
+    avg_logprob: float = 0.0
+    compression_ratio: float = 0.0
+    no_speech_prob: float = 0.0
+
+
+@dataclass
 class Transcript:
     text: str
     language: str | None = None
+    segments: list[TranscriptSegment] = field(default_factory=list)
+    """Timed pieces, in order; engines without timing give one segment or none."""
 
 
 class SpeechEngine(abc.ABC):

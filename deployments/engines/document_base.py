@@ -29,6 +29,10 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from PIL import Image
 
+MAX_IMAGE_PIXELS = 40_000_000
+"""Largest decoded image (width x height) a document head accepts: an A4 page at 600 dpi
+(35 M) fits, while a few kilobytes of PNG cannot expand into gigabytes of RGB."""
+
 ParseField = Literal["text", "table", "tables", "output"]
 """Spec 2.12: a parse result carries exactly one of these, fixed per head."""
 

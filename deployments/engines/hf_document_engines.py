@@ -20,6 +20,7 @@ post-processing are exercised without a hub or a GPU.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
     from PIL import Image
 
 DEPLOT_HEADER = "Generate underlying data table of the figure below:"
+MAX_RENDER_PIXELS = 8_000_000
+"""Bound of Pix2Struct's header + image rendering (its input is ~0.5 MP of patches)."""
 
 
 class HfDocumentConfig(BaseModel):
@@ -279,8 +282,14 @@ def render_header(image: Image.Image, header: str, font: Any) -> Image.Image:
     banner = PilImage.new("RGB", (int(text_w) + 10, int(text_h) + 10), "white")
     ImageDraw.Draw(banner).text((5, 5), text, fill="black", font=font)
     width = max(banner.width, image.width)
-    top = banner.resize((width, max(1, int(banner.height * width / banner.width))))
-    body = image.resize((width, max(1, int(image.height * width / image.width))))
+    top_h = max(1, int(banner.height * width / banner.width))
+    body_h = max(1, int(image.height * width / image.width))
+    # A narrow image scaled up to the header's width could reach gigapixels; the
+    # processor shrinks the result to its patch budget anyway, so bound it first.
+    scale = min(1.0, math.sqrt(MAX_RENDER_PIXELS / (width * (top_h + body_h))))
+    width, top_h, body_h = (max(1, int(v * scale)) for v in (width, top_h, body_h))
+    top = banner.resize((width, top_h))
+    body = image.resize((width, body_h))
     out = PilImage.new("RGB", (width, top.height + body.height), "white")
     out.paste(top, (0, 0))
     out.paste(body, (0, top.height))

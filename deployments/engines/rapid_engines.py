@@ -63,6 +63,33 @@ def _bgr(image: Image.Image) -> npt.NDArray[np.uint8]:
     return array
 
 
+MAX_ASPECT = 8
+"""Longest side / shortest side of what RapidOCR's detector is given (see ``bounded_aspect``)."""
+
+
+def bounded_aspect(image: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """``image`` padded right or below, in its border colour, to at most 1:``MAX_ASPECT``.
+
+    PP-OCR's detector scales the *short* side up to 736 pixels: a 10 x 2000 strip
+    (a few hundred bytes of PNG) became 736 x 147,200 pixels and held a replica
+    for minutes. Padding keeps every original pixel at its coordinates (boxes
+    stay valid) and bounds the work to what an ordinary text line costs.
+    """
+    import numpy as np
+
+    height, width = image.shape[:2]
+    if min(height, width) * MAX_ASPECT >= max(height, width):
+        return image
+    border = np.concatenate([image[0], image[-1], image[:, 0], image[:, -1]])
+    fill = np.median(border, axis=0).astype(np.uint8)
+    padded = np.empty(
+        (max(height, -(-width // MAX_ASPECT)), max(width, -(-height // MAX_ASPECT)), 3), np.uint8
+    )
+    padded[:] = fill
+    padded[:height, :width] = image
+    return padded
+
+
 class RapidLayoutDetectEngine(DetectEngine):
     """Table (or any layout class) regions from the packaged CDLA layout model."""
 
@@ -117,7 +144,7 @@ class RapidOcr:
     def boxes(self, image: npt.NDArray[np.uint8]) -> list[Any]:
         """Raw ``[quad, text, score]`` triples, the input RapidTable expects."""
         with self._lock:
-            result, _ = self._ocr(image)
+            result, _ = self._ocr(bounded_aspect(image))
         return list(result or [])
 
     def text(self, image: npt.NDArray[np.uint8]) -> str:

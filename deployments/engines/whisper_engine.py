@@ -29,6 +29,7 @@ from deployments.engines.audio_base import (
     TranscriptionEngine,
     TranscriptionEngineInfo,
     TranscriptionOptions,
+    TranscriptSegment,
 )
 from serve_app.protocol.errors import InvalidRequestError
 
@@ -124,8 +125,25 @@ class FasterWhisperEngine(TranscriptionEngine):
         if options.temperature is not None:
             kwargs["temperature"] = options.temperature
         try:
-            segments, info = self._model.transcribe(samples, **kwargs)
-            text = "".join(segment.text for segment in segments).strip()
+            found, info = self._model.transcribe(samples, **kwargs)
+            pieces = list(found)  # a generator: decoding happens here
         except ValueError as err:  # e.g. an unknown language code
             raise InvalidRequestError(f"Invalid transcription option: {err}") from err
-        return Transcript(text=text, language=getattr(info, "language", None))
+        # Whisper's pieces carry their own leading spaces (none between CJK characters).
+        text = "".join(piece.text for piece in pieces).strip()
+        segments = [
+            TranscriptSegment(
+                id=i,
+                start=round(float(piece.start), 3),
+                end=round(float(piece.end), 3),
+                text=piece.text.strip(),
+                seek=int(piece.seek),
+                tokens=[int(t) for t in piece.tokens],
+                temperature=float(piece.temperature or 0.0),
+                avg_logprob=float(piece.avg_logprob),
+                compression_ratio=float(piece.compression_ratio),
+                no_speech_prob=float(piece.no_speech_prob),
+            )
+            for i, piece in enumerate(pieces)
+        ]
+        return Transcript(text=text, language=getattr(info, "language", None), segments=segments)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import Response, UploadFile
@@ -24,7 +24,7 @@ from deployments.audio_protocol import (
     TranscriptionHeadRequest,
     TranscriptionHeadResult,
 )
-from deployments.engines.audio_base import SPEC_VOICES, sniff_container
+from deployments.engines.audio_base import DEFAULT_VOICE, SPEC_VOICES, sniff_container
 from deployments.head_protocol import HeadFailure
 from serve_app.auth.principal import Principal
 from serve_app.billing.records import UsageQuantities
@@ -41,7 +41,9 @@ from serve_app.protocol.audio import (
     TRANSCRIPTION_FORMATS,
     SpeechRequest,
     Transcription,
+    TranscriptionSegment,
     TranscriptionUsage,
+    TranscriptionVerbose,
 )
 from serve_app.protocol.errors import (
     InvalidRequestError,
@@ -49,10 +51,10 @@ from serve_app.protocol.errors import (
     RequestTooLargeError,
     UpstreamTimeoutError,
 )
+from serve_app.protocol.headers import ignored_params_header
 
 logger = logging.getLogger(__name__)
 
-IGNORED_PARAMS_HEADER = "x-service-ignored-params"
 _SNIFF_BYTES = 64
 _R = TypeVar("_R")
 
@@ -116,7 +118,7 @@ class AudioService:
                 prompt_tokens=estimate_tokens(body.input), audio_seconds=r.seconds
             ),
         )
-        headers = {"x-service-voice": result.voice, **_ignored_header(body.extra_fields())}
+        headers = {"x-service-voice": result.voice, **ignored_params_header(body.extra_fields())}
         return Response(result.wav, media_type="audio/wav", headers=headers)
 
     async def transcription(self, form: TranscriptionForm, principal: Principal) -> Response:
@@ -153,10 +155,20 @@ class AudioService:
                 completion_tokens=estimate_tokens(r.text), audio_seconds=r.seconds
             ),
         )
-        headers = _ignored_header(form.ignored)
+        headers = ignored_params_header(form.ignored)
+        usage = TranscriptionUsage(seconds=result.seconds)
         if response_format == "text":
             return PlainTextResponse(result.text, headers=headers)
-        body = Transcription(text=result.text, usage=TranscriptionUsage(seconds=result.seconds))
+        if response_format == "verbose_json":
+            verbose = TranscriptionVerbose(
+                language=result.language or form.language or "",
+                duration=result.seconds,
+                text=result.text,
+                segments=[TranscriptionSegment(**asdict(s)) for s in result.segments],
+                usage=usage,
+            )
+            return JSONResponse(verbose.model_dump(), headers=headers)
+        body = Transcription(text=result.text, usage=usage)
         return JSONResponse(body.model_dump(), headers=headers)
 
     async def _check_upload(self, upload: UploadFile) -> str:
@@ -224,7 +236,7 @@ def _check_speech(body: SpeechRequest) -> str:
         raise InvalidRequestError(
             "input must contain text to speak.", code="invalid_value", param="input"
         )
-    voice = body.voice.strip().lower()
+    voice = DEFAULT_VOICE if body.voice is None else body.voice.strip().lower()
     if voice not in SPEC_VOICES:
         raise InvalidRequestError(
             f"Unknown voice '{body.voice}'; use one of {', '.join(SPEC_VOICES)}.",
@@ -247,8 +259,3 @@ def _unsupported_format(value: str, allowed: tuple[str, ...]) -> InvalidRequestE
 def _spooled_size(upload: UploadFile) -> int:
     upload.file.seek(0, 2)
     return int(upload.file.tell())
-
-
-def _ignored_header(names: list[str]) -> dict[str, str]:
-    unique = sorted(set(names))
-    return {IGNORED_PARAMS_HEADER: ", ".join(unique)} if unique else {}

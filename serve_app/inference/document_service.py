@@ -2,7 +2,8 @@
 
 The order of checks is the audio routes': catalog (404/403/400, a model of
 another route names its route) -> request rules (``stream: true``, table boxes
-for table-structure models, the image decoded and sniffed by bytes) ->
+for table-structure models, the image decoded and sniffed by bytes and its size
+bounded, the boxes inside it) ->
 readiness (503) -> limits (429) -> head call (502/503, 504 on timeout) -> one
 usage record of ``images: 1``. Everything a caller can get wrong is refused
 before a head is called, so a bad request never occupies a model replica.
@@ -13,26 +14,30 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import io
+import math
+import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi.responses import JSONResponse
 
+from deployments.document_head import too_many_pixels
 from deployments.document_protocol import (
     DetectHeadRequest,
     DetectHeadResult,
     ParseHeadRequest,
     ParseHeadResult,
 )
+from deployments.engines.document_base import MAX_IMAGE_PIXELS
 from deployments.head_protocol import HeadFailure
 from serve_app.auth.principal import Principal
 from serve_app.billing.records import UsageQuantities
 from serve_app.catalog.catalog import Catalog
 from serve_app.catalog.config import CatalogModel
-from serve_app.inference.audio_service import IGNORED_PARAMS_HEADER
 from serve_app.inference.document_client import DocumentClient
-from serve_app.inference.images import ImagePolicy, decode_data_uri, validate_image_bytes
+from serve_app.inference.images import ImagePolicy, validate_image_bytes
 from serve_app.inference.metering import Metering, RequestMeta
 from serve_app.inference.readiness import HeadReadiness
 from serve_app.inference.translate import new_request_id
@@ -50,6 +55,7 @@ from serve_app.protocol.errors import (
     ModelUnavailableError,
     UpstreamTimeoutError,
 )
+from serve_app.protocol.headers import ignored_params_header
 
 TABLE_STRUCTURE = "table-structure"
 """Parse models with this specialty (tableformer) read the tables in ``table_bboxes``."""
@@ -65,6 +71,8 @@ class DocumentPolicy:
     parse_timeout_s: float = 300.0
     default_max_new_tokens: int = 512
     """Bound of parse models whose catalog entry sets no ``max_output_tokens``."""
+    max_image_pixels: int = MAX_IMAGE_PIXELS
+    """Largest image (width x height) accepted: bounds what a head has to decode."""
 
 
 class DocumentService:
@@ -89,9 +97,11 @@ class DocumentService:
     async def detect(self, body: DetectRequest, principal: Principal) -> JSONResponse:
         model = self.catalog.resolve(body.model, principal, "detect")
         _refuse_stream(body.stream)
-        image = self._image(body.image)
+        image, _ = await asyncio.to_thread(self._image, body.image)
         client = self._ready(model)
-        request = DetectHeadRequest(new_request_id("detect"), image)
+        request = DetectHeadRequest(
+            new_request_id("detect"), image, max_pixels=self.policy.max_image_pixels
+        )
         meta = RequestMeta(principal, model, "detect", request.request_id, 1)
         timeout = self.policy.detect_timeout_s
         result = await self._metered(
@@ -105,7 +115,8 @@ class DocumentService:
             ],
             usage=ImageUsage(images=1),
         )
-        return JSONResponse(response.model_dump(), headers=_ignored(body.extra_fields()))
+        headers = ignored_params_header(body.extra_fields())
+        return JSONResponse(response.model_dump(), headers=headers)
 
     async def parse(self, body: ParseRequest, principal: Principal) -> JSONResponse:
         model = self.catalog.resolve(body.model, principal, "parse")
@@ -118,13 +129,15 @@ class DocumentService:
                 code="missing_required_parameter",
                 param="table_bboxes",
             )
-        image = self._image(body.image)
+        image, size = await asyncio.to_thread(self._image, body.image)
+        boxes = _boxes_inside(body.table_bboxes or [], *size) if needs_boxes else []
         client = self._ready(model)
         request = ParseHeadRequest(
             new_request_id("parse"),
             image,
             max_new_tokens=self._max_new_tokens(model, body.max_new_tokens),
-            table_bboxes=[list(b) for b in body.table_bboxes or []] if needs_boxes else [],
+            table_bboxes=boxes,
+            max_pixels=self.policy.max_image_pixels,
         )
         meta = RequestMeta(principal, model, "parse", request.request_id, 1)
         timeout = self.policy.parse_timeout_s
@@ -137,31 +150,30 @@ class DocumentService:
                 result.field: result.value,
             }
         )
-        return JSONResponse(
-            response.model_dump(exclude_none=True), headers=_ignored(body.extra_fields())
-        )
+        headers = ignored_params_header(body.extra_fields())
+        return JSONResponse(response.model_dump(exclude_none=True), headers=headers)
 
     def _max_new_tokens(self, model: CatalogModel, requested: int | None) -> int:
         """Spec 4.11: the request's value clamped to the model's bound (the bound if omitted)."""
         bound = model.max_output_tokens or self.policy.default_max_new_tokens
         return bound if requested is None else min(requested, bound)
 
-    def _image(self, value: str) -> bytes:
-        """Decoded bytes of a base64 string or data URI, checked to be an accepted image."""
-        text = value.strip()
-        if text.startswith("data:"):
-            data = decode_data_uri(text, "image")
-        else:
-            try:
-                data = base64.b64decode("".join(text.split()), validate=True)
-            except (binascii.Error, ValueError):
-                raise InvalidRequestError(
-                    "Invalid image: expected base64 bytes or a data:image/...;base64,... URI.",
-                    code="invalid_image",
-                    param="image",
-                ) from None
+    def _image(self, value: str) -> tuple[bytes, tuple[int, int]]:
+        """Bytes of a base64 string or data URI, checked to be an accepted image, and its
+        size; the pixel bound is checked on the header, before anything is decoded.
+
+        Called in a worker thread: decoding megabytes of base64 and verifying the
+        image take milliseconds that other requests on this replica should not wait.
+        """
+        data = _base64_image(value)
+        size = _image_size(data)
+        limit = self.policy.max_image_pixels
+        if size is None:  # so large that Pillow itself calls it a bomb
+            raise too_many_pixels(None, None, limit)
+        if size[0] * size[1] > limit:
+            raise too_many_pixels(size[0], size[1], limit)
         validate_image_bytes(data, "image", self.images)
-        return data
+        return data, size
 
     def _ready(self, model: CatalogModel) -> DocumentClient:
         client = self.heads.get(model.id)
@@ -197,6 +209,70 @@ class DocumentService:
             await self.usage.finish(meta, ticket, usage)
 
 
+_PIL_FORMATS = ["PNG", "JPEG", "GIF", "WEBP", "BMP", "TIFF"]
+_URL_SAFE = str.maketrans("-_", "+/")
+
+
+def _base64_image(value: str) -> bytes:
+    """The bytes of ``value``: raw base64 or a ``data:<type>;base64,`` URI.
+
+    Accepted spellings, all carrying the same bytes: line-wrapped (MIME) base64,
+    the URL-safe alphabet, missing ``=`` padding, and a scheme and ``;base64`` in
+    any case (RFC 2397). The declared media type is ignored: bytes decide.
+    """
+    text = value.strip()
+    if text[:5].lower() == "data:":
+        header, sep, text = text.partition(",")
+        if not sep or ";base64" not in header.lower():
+            raise _invalid_image("expected a base64 data URI (data:image/...;base64,...)")
+    compact = "".join(text.split()).translate(_URL_SAFE)
+    compact += "=" * (-len(compact) % 4)
+    try:
+        return base64.b64decode(compact, validate=True)
+    except (binascii.Error, ValueError):
+        raise _invalid_image("expected base64 bytes or a data:image/...;base64,... URI") from None
+
+
+def _image_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from the image header, (0, 0) when PIL cannot read it (left to
+    the full validation for its message), None when PIL calls it a decompression bomb."""
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data), formats=_PIL_FORMATS) as img:
+                width, height = img.size
+                return int(width), int(height)
+    except Image.DecompressionBombError:
+        return None
+    except Exception:  # unreadable: validate_image_bytes says why
+        return 0, 0
+
+
+def _boxes_inside(boxes: list[list[float]], width: int, height: int) -> list[list[float]]:
+    """Spec 4.11's pixel boxes, each finite and inside the image, else 400 naming it.
+
+    A box past the edge, inverted, empty or not finite would otherwise come back
+    as an empty table (or a failed head): it is the caller's mistake, said at once.
+    """
+    for i, box in enumerate(boxes):
+        x0, y0, x1, y1 = box
+        finite = all(math.isfinite(v) for v in box)
+        if not (finite and 0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height):
+            raise InvalidRequestError(
+                f"table_bboxes[{i}] {box} is not a box inside the {width} x {height} image: "
+                "pixels [x0, y0, x1, y1] with 0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height.",
+                code="invalid_value",
+                param=f"table_bboxes[{i}]",
+            )
+    return [list(box) for box in boxes]
+
+
+def _invalid_image(reason: str) -> InvalidRequestError:
+    return InvalidRequestError(f"Invalid image: {reason}.", code="invalid_image", param="image")
+
+
 def _refuse_stream(stream: bool | None) -> None:
     if stream:
         raise InvalidRequestError(
@@ -204,7 +280,3 @@ def _refuse_stream(stream: bool | None) -> None:
             code="unsupported_parameter",
             param="stream",
         )
-
-
-def _ignored(names: list[str]) -> dict[str, str]:
-    return {IGNORED_PARAMS_HEADER: ", ".join(sorted(set(names)))} if names else {}

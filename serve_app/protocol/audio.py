@@ -24,7 +24,7 @@ MAX_TRANSCRIPTION_FILE_BYTES = 25 * 1024 * 1024
 framing excluded: the larger reading, so no file a client sizes as 25 MB is refused."""
 
 SPEECH_FORMATS = ("wav",)
-TRANSCRIPTION_FORMATS = ("json", "text")
+TRANSCRIPTION_FORMATS = ("json", "text", "verbose_json")
 
 
 class SpeechRequest(BaseModel):
@@ -39,8 +39,9 @@ class SpeechRequest(BaseModel):
         description="Text to speak; inline emotion tags such as <laugh> and <sigh> are "
         "performed by models that support them and removed by the others.",
     )
-    voice: str = Field(
-        default=DEFAULT_VOICE, description=f"One of {', '.join(SPEC_VOICES)} (default tara)."
+    voice: str | None = Field(
+        default=None,
+        description=f"One of {', '.join(SPEC_VOICES)}; omitted or null: {DEFAULT_VOICE}.",
     )
     response_format: str | None = Field(
         default=None, description="Only 'wav' (the default): mono 24 kHz 16-bit PCM."
@@ -59,4 +60,30 @@ class Transcription(BaseModel):
     """200 body of ``POST /v1/audio/transcriptions`` (``response_format=json``)."""
 
     text: str
+    usage: TranscriptionUsage
+
+
+class TranscriptionSegment(BaseModel):
+    """A timed piece of the transcript (OpenAI's ``verbose_json`` segment)."""
+
+    id: int
+    seek: int
+    start: float = Field(description="Seconds from the start of the audio.")
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+
+
+class TranscriptionVerbose(BaseModel):
+    """200 body with ``response_format=verbose_json``: the text with language and timing."""
+
+    task: Literal["transcribe"] = "transcribe"
+    language: str = Field(description="Spoken language as the model detected or was told.")
+    duration: float = Field(description="Duration of the submitted audio in seconds.")
+    text: str
+    segments: list[TranscriptionSegment]
     usage: TranscriptionUsage

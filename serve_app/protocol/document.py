@@ -6,7 +6,9 @@ box: [x0, y0, x1, y1]}], usage: {images}}`` with pixel boxes of the image as
 sent; parse answers ``{id, object, model, <field>, usage: {images}}`` where
 ``<field>`` is exactly one of ``text``, ``table``, ``tables`` or ``output``,
 fixed per model. Unknown request fields are accepted and named in
-``x-service-ignored-params``.
+``x-service-ignored-params``. ``stream`` and ``max_new_tokens`` are strict (no
+string or boolean coercion), as the video route's integers are: a request never
+runs with a value the caller did not write.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ class _DocumentRequest(BaseModel):
     image: str = Field(
         min_length=1, description="Base64 image bytes, or a data:image/...;base64,... URI."
     )
-    stream: bool | None = Field(default=None, description="Not supported: true gives 400.")
+    stream: bool | None = Field(
+        default=None, strict=True, description="Not supported: true gives 400."
+    )
 
     def extra_fields(self) -> list[str]:
         return sorted(self.model_extra or {})
@@ -40,13 +44,17 @@ class ParseRequest(_DocumentRequest):
     """Request body of ``POST /v1/parse``."""
 
     max_new_tokens: int | None = Field(
-        default=None, ge=1, description="Generation bound; clamped to the model's bound."
+        default=None,
+        ge=1,
+        strict=True,
+        description="Generation bound (a JSON integer); clamped to the model's bound.",
     )
     table_bboxes: list[BoxField] | None = Field(
         default=None,
         max_length=MAX_TABLE_BBOXES,
-        description="Pixel boxes [x0, y0, x1, y1] of tables; required by table-structure "
-        "models (tableformer), ignored by the others.",
+        description="Pixel boxes [x0, y0, x1, y1] of tables inside the image (0 <= x0 < x1 "
+        "<= width, 0 <= y0 < y1 <= height); required by table-structure models "
+        "(tableformer), ignored by the others.",
     )
 
 

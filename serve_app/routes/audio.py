@@ -54,7 +54,9 @@ async def create_transcription(
     state: State,
     file: Annotated[UploadFile, File(description="The audio file; format read from content.")],
     model: Annotated[str, Form(min_length=1, description="A transcription model.")],
-    response_format: Annotated[str | None, Form(description="json (default) or text.")] = None,
+    response_format: Annotated[
+        str | None, Form(description="json (default), text or verbose_json.")
+    ] = None,
     language: Annotated[str | None, Form(description="ISO-639-1 hint.")] = None,
     prompt: Annotated[str | None, Form(description="Text to guide the style.")] = None,
     temperature: Annotated[float | None, Form(ge=0, le=1)] = None,

@@ -25,6 +25,7 @@ from deployments.engines.audio_base import (
     TranscriptionEngine,
     TranscriptionEngineInfo,
     TranscriptionOptions,
+    TranscriptSegment,
 )
 from deployments.engines.audio_factory import (
     register_speech_backend,
@@ -77,7 +78,10 @@ class ScriptedTranscriptionEngine(TranscriptionEngine):
     ) -> Transcript:
         self.calls.append((int(samples.size), options))
         await _act(self.config)
-        return Transcript(text=str(self.config.get("text", "scripted transcript")), language="en")
+        text = str(self.config.get("text", "scripted transcript"))
+        seconds = samples.size / SCRIPTED_RATE
+        segment = TranscriptSegment(id=0, start=0.0, end=seconds, text=text)
+        return Transcript(text=text, language="en", segments=[segment])
 
 
 register_speech_backend("scripted-speech", ScriptedSpeechEngine)

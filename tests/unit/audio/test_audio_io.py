@@ -134,3 +134,31 @@ def test_snac_codec_decodes_orpheus_frames_to_24k_samples() -> None:
     assert samples.dtype == np.float32
     assert samples.size == 4 * 4 * 512  # 4 frames x 4 latent steps x hop 512
     assert decode_frames(model, [], "cpu").size == 0
+
+
+@pytest.mark.parametrize("fmt", ["wav", "mp3"])
+def test_a_file_cut_short_of_its_declared_length_is_invalid_audio(fmt: str) -> None:
+    """WAV declares its data size, LAME's MP3 its frame count: half a file is caught,
+    not transcribed as if it were the whole recording."""
+    data = encode(tone(3.0), 24_000, fmt)
+    container = sniff_container(data[:64])
+    assert container is not None
+    with pytest.raises(InvalidRequestError, match="truncated") as info:
+        decode_audio(data[: len(data) // 2], container, 16_000, max_seconds=60)
+    assert (info.value.code, info.value.param) == ("invalid_audio", "file")
+
+
+def test_a_wav_with_an_unknown_length_placeholder_is_read_to_its_end() -> None:
+    """Streaming writers put 0 or 0xFFFFFFFF in the size fields: that is not truncation."""
+    data = bytearray(silent_wav_of_size(16_000 * 2 + 44))
+    for placeholder in (0, 0xFFFFFFFF):
+        data[40:44] = placeholder.to_bytes(4, "little")
+        samples = decode_audio(bytes(data), "wav", 16_000, max_seconds=60)
+        assert samples.size == 16_000
+
+
+def test_audio_shorter_than_a_tenth_of_a_second_is_refused() -> None:
+    data = encode(tone(0.05), 24_000, "wav")
+    with pytest.raises(InvalidRequestError, match=r"shorter than 0\.1 s"):
+        decode_audio(data, "wav", 16_000, max_seconds=60)
+    assert decode_audio(encode(tone(0.1), 24_000, "wav"), "wav", 16_000, 60).size == 1_600

@@ -86,6 +86,11 @@ async def test_round_trip_recovers_the_words(
     assert isinstance(result, TranscriptionHeadResult), result
     assert words(result.text) == words(SENTENCE)
     assert result.seconds == pytest.approx(speech.seconds, abs=0.01)
+    # verbose_json's segments: Whisper's own, in order, inside the audio, saying the text.
+    assert result.segments and result.language == "en"
+    assert [s.id for s in result.segments] == list(range(len(result.segments)))
+    assert 0 <= result.segments[0].start < result.segments[-1].end <= result.seconds + 0.5
+    assert words(" ".join(s.text for s in result.segments)) == words(SENTENCE)
 
 
 @pytest.mark.parametrize("fmt", list(ENCODINGS))

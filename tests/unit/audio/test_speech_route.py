@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import struct
 import wave
 from typing import Any
 
@@ -54,7 +55,29 @@ async def test_every_voice_and_the_default(audio_gw: GatewayHarness) -> None:
 
 async def test_default_voice_is_tara(audio_gw: GatewayHarness) -> None:
     assert (await post(audio_gw, {"model": "scripted-tts", "input": "Hi."})).status_code == 200
-    assert scripted_calls(audio_gw, "scripted-tts") == [("Hi.", "tara")]
+    body = {"model": "scripted-tts", "input": "Hey.", "voice": None}
+    assert (await post(audio_gw, body)).status_code == 200  # null is "not given"
+    assert scripted_calls(audio_gw, "scripted-tts") == [("Hi.", "tara"), ("Hey.", "tara")]
+
+
+async def test_wav_header_fields_are_exact(audio_gw: GatewayHarness) -> None:
+    """Spec 2.12 byte by byte: RIFF size, PCM fmt chunk (mono, 24 kHz, 48000 B/s, align 2,
+    16 bits) and a data chunk holding exactly the rest of the file."""
+    resp = await post(audio_gw, {"model": PIPER, "input": "Header check.", "voice": "dan"})
+    assert resp.status_code == 200, resp.text
+    wav = resp.content
+    assert struct.unpack("<4sI4s", wav[:12]) == (b"RIFF", len(wav) - 8, b"WAVE")
+    assert struct.unpack("<4sIHHIIHH", wav[12:36]) == (b"fmt ", 16, 1, 1, 24_000, 48_000, 2, 16)
+    assert struct.unpack("<4sI", wav[36:44]) == (b"data", len(wav) - 44)
+    assert len(wav) > 44 + 48_000 // 4  # real audio, not an empty file
+
+
+async def test_input_with_nothing_to_pronounce_is_400(audio_gw: GatewayHarness) -> None:
+    """Piper renders no samples for bare punctuation: a 400, never an empty 200 WAV."""
+    resp = await post(audio_gw, {"model": PIPER, "input": "..."})
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_value", "input")
 
 
 @pytest.mark.parametrize(

@@ -78,6 +78,19 @@ async def test_text_response_format(audio_gw: GatewayHarness) -> None:
     assert resp.text == "scripted transcript"
 
 
+async def test_verbose_json_response_format(audio_gw: GatewayHarness) -> None:
+    """OpenAI's ``verbose_json``: language, duration and segments around the text."""
+    resp = await upload(audio_gw, encode(tone(0.5), 24_000, "ogg"), response_format="verbose_json")
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["task"] == "transcribe" and body["language"] == "en"
+    assert body["text"] == "scripted transcript"
+    assert body["duration"] == pytest.approx(0.5, abs=0.05) == body["usage"]["seconds"]
+    [segment] = body["segments"]
+    assert (segment["id"], segment["start"], segment["text"]) == (0, 0.0, "scripted transcript")
+    assert segment["end"] == pytest.approx(body["duration"])
+
+
 async def test_options_reach_the_engine_and_unknown_fields_are_named(
     audio_gw: GatewayHarness,
 ) -> None:
@@ -147,6 +160,18 @@ async def test_non_audio_and_corrupt_files_are_400(audio_gw: GatewayHarness, dat
     assert (error["code"], error["param"]) == ("invalid_audio", "file")
 
 
+@pytest.mark.parametrize("fmt", ["wav", "mp3"])
+async def test_truncated_and_too_short_files_are_400(audio_gw: GatewayHarness, fmt: str) -> None:
+    """A file cut in half (its header declares more) or a 50 ms clip is not transcribed."""
+    whole = encode(tone(2.0), 24_000, fmt)
+    for data in (whole[: len(whole) // 2], encode(tone(0.05), 24_000, fmt)):
+        resp = await upload(audio_gw, data)
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+        assert (error["code"], error["param"]) == ("invalid_audio", "file")
+    assert stt_calls(audio_gw) == []
+
+
 @pytest.mark.parametrize(
     ("kwargs", "param"),
     [
@@ -198,3 +223,12 @@ async def test_openai_sdk_transcriptions_create(audio_gw: GatewayHarness) -> Non
     usage = result.usage
     assert usage is not None and usage.type == "duration"
     assert usage.seconds == pytest.approx(0.5, abs=0.1)
+    verbose = await client.audio.transcriptions.create(
+        model="scripted-stt", file=("memo.mp3", data, "audio/mpeg"), response_format="verbose_json"
+    )
+    assert verbose.language == "en" and verbose.duration == pytest.approx(0.5, abs=0.1)
+    assert verbose.segments is not None and verbose.segments[0].text == "scripted transcript"
+    text = await client.audio.transcriptions.create(
+        model="scripted-stt", file=("memo.mp3", data, "audio/mpeg"), response_format="text"
+    )
+    assert text == "scripted transcript"

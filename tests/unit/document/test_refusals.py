@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import base64
+import io
+import json
 from typing import Any
 
 import pytest
+from PIL import Image
 
 from tests.fixtures.gateway import GatewayHarness
 from tests.unit.audio.conftest import ledger_records
@@ -145,3 +148,91 @@ async def test_unknown_fields_are_named_in_the_ignored_header(doc_gw: GatewayHar
     reply = await _post(doc_gw, "/v1/detect", {"model": "tatr", "image": b64(page), "dpi": 300})
     assert reply.status_code == 200
     assert reply.headers["x-service-ignored-params"] == "dpi"
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "data:image/png;base64," + "\n".join(PNG[i : i + 76] for i in range(0, len(PNG), 76)),
+        base64.urlsafe_b64encode(base64.b64decode(PNG)).decode().rstrip("="),
+        "DATA:image/png;BASE64," + PNG,
+        f"  data:image/png;base64, {PNG} \n",
+    ],
+    ids=["wrapped-data-uri", "urlsafe-unpadded", "upper-case-scheme", "padded-with-spaces"],
+)
+async def test_base64_spellings_are_accepted(doc_gw: GatewayHarness, image: str) -> None:
+    """Line-wrapped (MIME) base64, the URL-safe alphabet and a case-insensitive scheme
+    all carry the same bytes: the image is judged by its bytes, not its spelling."""
+    reply = await _post(doc_gw, "/v1/detect", {"model": "tatr", "image": image})
+    assert reply.status_code == 200, reply.text
+
+
+async def test_decompression_bomb_is_invalid_image(doc_gw: GatewayHarness) -> None:
+    """A 12000 x 12000 PNG is ~17 KB on the wire and 432 MB decoded: refused, not decoded."""
+    buffer = io.BytesIO()
+    Image.new("1", (12_000, 12_000), 0).save(buffer, format="PNG")
+    image = base64.b64encode(buffer.getvalue()).decode()
+    for path, model in (("/v1/detect", "tatr"), ("/v1/parse", "got-ocr-2")):
+        reply = await _post(doc_gw, path, {"model": model, "image": image})
+        assert "pixels" in _error(reply, 400, "invalid_image", "image")["message"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"max_new_tokens": -5}, "max_new_tokens"),
+        ({"max_new_tokens": "5"}, "max_new_tokens"),
+        ({"max_new_tokens": True}, "max_new_tokens"),
+        ({"max_new_tokens": 5.5}, "max_new_tokens"),
+        ({"stream": "yes"}, "stream"),
+        ({"stream": "no"}, "stream"),
+        ({"stream": 1}, "stream"),
+    ],
+)
+async def test_fields_of_the_wrong_type_are_400(
+    doc_gw: GatewayHarness, extra: dict[str, Any], param: str
+) -> None:
+    """No coercion: a string or a boolean is not a token count, a string is not a switch."""
+    reply = await _post(doc_gw, "/v1/parse", {"model": "trocr", "image": PNG, **extra})
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == param
+
+
+_W, _H = page_with_table()[0].size
+
+
+@pytest.mark.parametrize(
+    "box",
+    [
+        "[-10, -10, 50, 50]",
+        f"[0, 0, {_W * 2}, {_H * 2}]",
+        f"[{_W + 10}, {_H + 10}, {_W + 90}, {_H + 90}]",
+        "[100, 100, 50, 50]",
+        "[10, 10, 10, 10]",
+        "[NaN, 0, 10, 10]",
+        "[0, 0, Infinity, 10]",
+        "[1e308, 0, 1, 1]",
+    ],
+    ids=["negative", "past-the-edge", "outside", "inverted", "empty", "nan", "infinity", "huge"],
+)
+async def test_table_boxes_outside_the_image_are_400(doc_gw: GatewayHarness, box: str) -> None:
+    """A box must be finite pixels with 0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height;
+    anything else is the caller's mistake (400 naming the box), never an empty table or 502."""
+    page, table = page_with_table()
+    good = json.dumps(list(table))
+    raw = (
+        f'{{"model": "tableformer", "image": "{b64(page)}", "table_bboxes": [{good}, {box}]}}'
+    ).encode()
+    async with doc_gw.client(doc_gw.keys["user"]) as client:
+        reply = await client.post(
+            "/v1/parse", content=raw, headers={"content-type": "application/json"}
+        )
+    _error(reply, 400, "invalid_value", "table_bboxes[1]")
+
+
+async def test_a_full_page_box_is_accepted(doc_gw: GatewayHarness) -> None:
+    page, _ = page_with_table()
+    body = {"model": "tableformer", "image": b64(page), "table_bboxes": [[0, 0, _W, _H]]}
+    reply = await _post(doc_gw, "/v1/parse", body)
+    assert reply.status_code == 200, reply.text
