@@ -33,7 +33,6 @@ from serve_app.auth.principal import Principal
 from serve_app.catalog.catalog import Catalog
 from serve_app.catalog.config import CatalogModel
 from serve_app.config import VideoOptions
-from serve_app.inference.audio_service import IGNORED_PARAMS_HEADER
 from serve_app.inference.metering import Metering, RequestMeta
 from serve_app.inference.readiness import HeadReadiness
 from serve_app.inference.unit_metering import UnitMetering
@@ -54,6 +53,7 @@ from serve_app.protocol.errors import (
     video_job_not_found,
     video_jobs_quota_exceeded,
 )
+from serve_app.protocol.headers import ignored_params_header
 from serve_app.protocol.video import (
     MAX_SEED,
     VideoGenerationJob,
@@ -106,19 +106,24 @@ class VideoService:
         model = self.catalog.resolve(body.model, principal, "video")
         client = self._head_for(model)
         job = self._new_job(body, principal, model)
-        await self._admit(RequestMeta(principal, model, ENDPOINT, job.id, 1))
+        meta = RequestMeta(principal, model, ENDPOINT, job.id, 1)
+        await self._admit(meta)
         options = self.options
+        metrics = self.usage.metering.metrics
         created = await asyncio.to_thread(
             self.jobs.create, job, options.max_unfinished_jobs_per_user, options.stale_after_s
         )
         if not created:
-            raise video_jobs_quota_exceeded(
+            err = video_jobs_quota_exceeded(
                 options.max_unfinished_jobs_per_user, options.quota_retry_after_s
             )
+            metrics.rate_limited(model.id, err.code or "video_jobs_quota_exceeded")
+            metrics.request(model.id, ENDPOINT, "rejected")
+            raise err
+        metrics.request(model.id, ENDPOINT, "ok")
         logger.info("video job %s queued for %s by %s", job.id, model.id, principal.user_id)
         self._poke(client)
-        names = body.extra_fields()
-        headers = {IGNORED_PARAMS_HEADER: ", ".join(names)} if names else {}
+        headers = ignored_params_header(body.extra_fields())
         return self._json(job, base_url, status_code=202, headers=headers)
 
     async def list_recent(self, principal: Principal, base_url: str) -> JSONResponse:
@@ -231,12 +236,12 @@ class VideoService:
         )
 
     async def _admit(self, meta: RequestMeta) -> None:
-        """Rate limits (spec 4.6: a create is one request); nothing to settle later."""
+        """Rate limits (spec 4.6: a create is one request, counted even if the job quota then
+        refuses it); nothing to settle later."""
         ticket = await self.usage.admit(meta, 0)
         limiter = self.usage.metering.limiter
         if limiter is not None:
             await limiter.settle(ticket, 0)
-        self.usage.metering.metrics.request(meta.model.id, ENDPOINT, "ok")
 
     async def _own(self, job_id: str, principal: Principal) -> VideoJob:
         job = None

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+import prometheus_client
 import pytest
 
+from serve_app.metrics import GatewayMetrics, PrometheusBackend
 from serve_app.protocol.errors import video_job_not_found
-from tests.unit.video.conftest import VideoRig
+from tests.unit.video.conftest import VIDEO, VideoRig
 
 MISSING = "vgen_0123456789abcdef01234567"
 
@@ -97,3 +99,20 @@ async def test_rate_limits_apply_to_creates(rig: VideoRig) -> None:
     assert (limited.status_code, limited.json()["error"]["code"]) == (429, "rate_limit_exceeded")
     async with rig.client() as http:  # the refused create queued nothing
         assert len((await http.get("/v1/video/generations")).json()["data"]) == 1
+
+
+async def test_job_quota_refusals_are_counted_as_rate_limited(rig: VideoRig) -> None:
+    registry = prometheus_client.CollectorRegistry()
+    rig.harness.app.state.gateway.video.usage.metering.metrics = GatewayMetrics(
+        PrometheusBackend(registry)
+    )
+    statuses = [(await rig.create()).status_code for _ in range(3)]
+    assert statuses == [202, 202, 429]
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, {"model": VIDEO, **labels})
+
+    endpoint = {"endpoint": "video"}
+    assert value("gateway_requests_total", **endpoint, outcome="ok") == 2
+    assert value("gateway_requests_total", **endpoint, outcome="rejected") == 1
+    assert value("gateway_rate_limited_total", code="video_jobs_quota_exceeded") == 1
