@@ -62,6 +62,13 @@ class DocumentOptions(_Strict):
     default_max_new_tokens: int = Field(
         default=512, ge=1, description="max_new_tokens bound of parse models without one."
     )
+    max_image_pixels: int = Field(
+        default=40_000_000,
+        ge=1,
+        le=178_956_970,
+        description="Largest image (width x height); larger is 400 invalid_image before it "
+        "is decoded (a few KB of PNG can declare gigapixels). At most Pillow's own bomb limit.",
+    )
 
 
 class AudioOptions(_Strict):
