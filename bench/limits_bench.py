@@ -10,6 +10,9 @@
     overspend in tokens and in requests' worth; the reference checks and
     debits in two steps, the failure mode of budgets overspent under load.
 (c) Per-admission latency of each backend (5 buckets per request).
+(d) The whole request path: 4 gateway apps (auth, scripted head, admission,
+    ledger; in-process ASGI, one database, one Redis pool each) take a burst of
+    12 x N chat requests for one user with RPM N. Prints admitted/limit.
 
     .venv/bin/python bench/limits_bench.py --window-s 5 --limit 50
 """
@@ -21,6 +24,7 @@ import asyncio
 import random
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -33,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from serve_app.limits.buckets import BucketSpec, CounterStore, Denial, Ticket
 from serve_app.limits.memory import InProcessCounterStore
 from serve_app.limits.redis_store import RedisCounterStore
+from tests.fixtures.gateway import build_harness, start_heads
 
 REPLICAS = 4
 
@@ -142,6 +147,34 @@ async def ping_latency(url: str, samples: int) -> tuple[float, float]:
     return statistics.median(times) * 1e6, times[int(len(times) * 0.99)] * 1e6
 
 
+async def apps_run(url: str, prefix: str, limit: int) -> int:
+    """Chat requests that got a 200 out of a burst of 12 x ``limit`` over four apps."""
+    with tempfile.TemporaryDirectory() as folder:
+        apps = [
+            build_harness(
+                Path(folder) / "gw.db",
+                counters=RedisCounterStore.from_url(url, prefix=prefix),
+            )
+            for _ in range(REPLICAS)
+        ]
+        try:
+            for app in apps:
+                await start_heads(app)
+            key = apps[0].store.create_key("bench-user", "bench-org")
+            apps[0].store.update_user("bench-user", rpm=limit)
+            body = {"model": "scripted-chat", "messages": [{"role": "user", "content": "hi"}]}
+
+            async def call(i: int) -> int:
+                async with apps[i % REPLICAS].client(key) as http:
+                    return (await http.post("/v1/chat/completions", json=body)).status_code
+
+            codes = await asyncio.gather(*(call(i) for i in range(12 * limit)))
+        finally:
+            for app in apps:
+                await app.aclose()
+    return sum(1 for code in codes if code == 200)
+
+
 def cleanup(url: str, prefix: str) -> None:
     client = sync_redis.Redis.from_url(url)
     keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
@@ -168,6 +201,11 @@ async def main(args: argparse.Namespace) -> None:
 
     try:
         await report(args, redis_stores)
+        admitted = await apps_run(args.redis_url, prefix, args.limit)
+        print(
+            f"(d) {REPLICAS} gateway apps, RPM {args.limit}, burst of {12 * args.limit} chat "
+            f"requests: admitted {admitted}  admitted/limit {admitted / args.limit:.3f}"
+        )
     finally:
         for store in created:
             await store.aclose()

@@ -21,14 +21,16 @@ _TAGS: dict[str, tuple[str, ...]] = {
     "gateway_requests": ("model", "endpoint", "outcome"),
     "gateway_tokens": ("model", "kind"),
     "gateway_rate_limited": ("model", "code"),
-    "gateway_request_latency_s": ("model", "endpoint"),
+    "gateway_request_latency_seconds": ("model", "endpoint"),
 }
 _DESCRIPTIONS = {
     "gateway_requests": "Inference requests by outcome (ok, partial, aborted, rejected, error).",
     "gateway_tokens": "Tokens metered (kind: prompt or completion).",
     "gateway_rate_limited": "Requests refused with 429, by error code.",
-    "gateway_request_latency_s": "Seconds from request start to the last byte of the answer.",
+    "gateway_request_latency_seconds": "Seconds from request start to the last byte of the answer.",
 }
+_HISTOGRAMS = frozenset({"gateway_request_latency_seconds"})
+"""Observed values (``observe``); every other metric is a counter (``inc``)."""
 
 
 class MetricsBackend(Protocol):
@@ -54,7 +56,7 @@ class RayBackend:
         serve_metrics: Any = metrics  # its stubs type tag_keys as a 1-tuple
         self._metrics: dict[str, Any] = {}
         for name, tags in _TAGS.items():
-            if name.endswith("_s"):
+            if name in _HISTOGRAMS:
                 self._metrics[name] = serve_metrics.Histogram(
                     name, _DESCRIPTIONS[name], boundaries=LATENCY_BUCKETS_S, tag_keys=tags
                 )
@@ -79,7 +81,7 @@ class PrometheusBackend:
         registry = prom.REGISTRY if registry is None else registry
         self._metrics: dict[str, Any] = {}
         for name, tags in _TAGS.items():
-            if name.endswith("_s"):
+            if name in _HISTOGRAMS:
                 self._metrics[name] = prom.Histogram(
                     name,
                     _DESCRIPTIONS[name],
@@ -165,7 +167,7 @@ class GatewayMetrics:
         self._safely("inc", "gateway_rate_limited", 1, {"model": model, "code": code})
 
     def latency(self, model: str, endpoint: str, seconds: float) -> None:
-        self._safely("observe", "gateway_request_latency_s", seconds, _tags(model, endpoint))
+        self._safely("observe", "gateway_request_latency_seconds", seconds, _tags(model, endpoint))
 
 
 def _tags(model: str, endpoint: str, **extra: str) -> dict[str, str]:

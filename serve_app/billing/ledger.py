@@ -11,7 +11,10 @@ Hence:
   or any other replica on the machine) adopts and commits them;
 - a replica that dies after the commit but before deleting the file replays
   it later, and the insert-or-ignore turns the replay into a no-op;
-- a database outage only delays records: files wait, retried with backoff.
+- a database outage only delays records: files wait, retried with backoff;
+- a record this process cannot store (a line from a newer version, a value
+  the database refuses) never blocks the others: it is set aside in a file of
+  its own, skipped by this process and kept for the next owner of the spool.
 
 The spool is per machine: with ``state_dir`` on local disk, a replica's files
 are replayed by gateway replicas on the same node.
@@ -25,6 +28,9 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import Any
+
+from sqlalchemy import exc as sa_exc
 
 from serve_app.billing.records import UsageRecord
 from serve_app.billing.spool import Spool, read_batch
@@ -58,6 +64,7 @@ class UsageLedger:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._next_orphan_scan = 0.0
+        self._held: set[str] = set()  # batch files set aside: records this code cannot store
 
     @property
     def spool_dir(self) -> Path:
@@ -132,14 +139,53 @@ class UsageLedger:
             with self._lock:  # claiming names batch files, as rotate does
                 self._spool.claim_orphans()
         for path in self._spool.batches():
+            if path.name in self._held:
+                continue
             try:
-                records = [UsageRecord.from_json(item) for item in read_batch(path)]
-                self.store.insert(records)
+                rejected = self._commit_file(path)
             except Exception:
                 logger.warning("ledger: committing %s failed; will retry", path.name, exc_info=True)
                 return False
+            if rejected:
+                with self._lock:  # a new batch name, as rotate takes one
+                    held = self._spool.set_aside(rejected)
+                self._held.add(held.name)
+                logger.error(
+                    "ledger: %d record(s) of %s cannot be stored by this process; kept in %s",
+                    len(rejected),
+                    path.name,
+                    held.name,
+                )
             path.unlink()  # only after the commit: a crash before this means a replay
         return True
+
+    def _commit_file(self, path: Path) -> list[dict[str, Any]]:
+        """Insert a spool file's records; return those that cannot be stored.
+
+        One transaction for the file; when the database refuses it for a reason
+        other than being unreachable, the records go one by one so only the
+        offending ones are left out. An unreachable database raises (retry later).
+        """
+        rejected: list[dict[str, Any]] = []
+        records: list[UsageRecord] = []
+        for item in read_batch(path):
+            try:
+                records.append(UsageRecord.from_json(item))
+            except (TypeError, ValueError, KeyError):
+                rejected.append(item)
+        try:
+            self.store.insert(records)
+        except Exception as exc:
+            if _unreachable(exc):
+                raise
+            for record in records:
+                try:
+                    self.store.insert([record])
+                except Exception as one:
+                    if _unreachable(one):
+                        raise
+                    rejected.append(record.to_json())
+        return rejected
 
     async def aclose(self) -> None:
         """Stop the flusher, commit what is spooled (if the database allows), release."""
@@ -158,3 +204,15 @@ class UsageLedger:
         await asyncio.to_thread(self._commit_pending)
         with self._lock:
             self._spool.close()
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """The database (not the record) is the problem: retry the whole round later."""
+    transient = (
+        sa_exc.OperationalError,
+        sa_exc.InterfaceError,
+        sa_exc.DisconnectionError,
+        sa_exc.TimeoutError,
+        OSError,
+    )
+    return isinstance(exc, transient)

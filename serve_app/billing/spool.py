@@ -46,6 +46,16 @@ def _try_lock(path: Path) -> int | None:
     return fd
 
 
+def _still_named(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        named = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+
 class Spool:
     """One owner's files; not thread-safe (the ledger serialises calls)."""
 
@@ -68,9 +78,18 @@ class Spool:
 
     def open(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        fd = _try_lock(self.directory / f"{self.owner}{LOCK_SUFFIX}")
-        if fd is None:
-            raise RuntimeError(f"spool owner {self.owner} is already locked")
+        path = self.directory / f"{self.owner}{LOCK_SUFFIX}"
+        for _ in range(10):
+            fd = _try_lock(path)
+            if fd is None:
+                raise RuntimeError(f"spool owner {self.owner} is already locked")
+            if _still_named(fd, path):
+                break
+            # A claimer took the new lock file for a dead owner's and unlinked it between
+            # our create and our lock: a lock on an unlinked file protects nothing.
+            os.close(fd)
+        else:
+            raise RuntimeError(f"could not lock {path}")
         self._lock_fd = fd
         self._active = open(self._active_path(), "a", encoding="utf-8")  # noqa: SIM115
 
@@ -100,17 +119,31 @@ class Spool:
         self._active = open(self._active_path(), "a", encoding="utf-8")  # noqa: SIM115
         self._active_lines = 0
 
+    def set_aside(self, records: list[dict[str, Any]]) -> Path:
+        """Write ``records`` to a new batch file of this owner (records the ledger
+        could not store: kept whole for another process, never dropped)."""
+        path = self._next_batch_path()
+        with open(path, "w", encoding="utf-8") as handle:
+            for record in records:
+                handle.write(json.dumps(record, separators=(",", ":")) + "\n")
+            handle.flush()
+            if self.fsync:
+                os.fsync(handle.fileno())
+        return path
+
     def batches(self) -> list[Path]:
         """This owner's batch files, oldest first."""
         return sorted(self.directory.glob(f"{self.owner}.*{BATCH_SUFFIX}"))
 
     def claim_orphans(self) -> int:
-        """Adopt the files of owners whose lock is free; returns files adopted."""
+        """Adopt the files of owners whose lock is free; returns files adopted.
+
+        Owners are found from lock files and from data files alike, so files whose
+        lock file is missing (removed by hand, or a crash mid-cleanup) are adopted too.
+        """
         adopted = 0
-        for lock in sorted(self.directory.glob(f"*{LOCK_SUFFIX}")):
-            other = lock.name[: -len(LOCK_SUFFIX)]
-            if other == self.owner:
-                continue
+        for other in sorted(self._owners() - {self.owner}):
+            lock = self.directory / f"{other}{LOCK_SUFFIX}"
             fd = _try_lock(lock)
             if fd is None:
                 continue  # alive
@@ -121,6 +154,18 @@ class Spool:
             finally:
                 os.close(fd)
         return adopted
+
+    def _owners(self) -> set[str]:
+        owners = set()
+        for path in self.directory.iterdir():
+            name = path.name
+            if name.endswith(LOCK_SUFFIX):
+                owners.add(name[: -len(LOCK_SUFFIX)])
+            elif name.endswith(ACTIVE_SUFFIX):
+                owners.add(name[: -len(ACTIVE_SUFFIX)])
+            elif name.endswith(BATCH_SUFFIX):
+                owners.add(name[: -len(BATCH_SUFFIX)].rsplit(".", 1)[0])  # <owner>.<seq>
+        return owners
 
     def _adopt(self, other: str) -> int:
         files = sorted(self.directory.glob(f"{other}.*{BATCH_SUFFIX}"))

@@ -27,6 +27,7 @@ from serve_app.billing.records import UsageQuantities, UsageStatus
 from serve_app.billing.store import LedgerStore
 from serve_app.catalog.config import CatalogModel
 from serve_app.config import GatewayAppArgs
+from serve_app.ingress.replays import InProcessReplayStore, ReplayStore, build_replay_store
 from serve_app.limits.buckets import CounterStore, Ticket
 from serve_app.limits.limiter import PlatformLimits, RateLimiter, build_counter_store
 from serve_app.metrics import GatewayMetrics
@@ -99,11 +100,14 @@ class Metering:
         ledger: UsageLedger | None = None,
         metrics: GatewayMetrics | None = None,
         tool_prices: ToolPrices = NO_TOOL_PRICES,
+        replays: ReplayStore | None = None,
     ) -> None:
         self.limiter = limiter
         self.ledger = ledger
         self.metrics = metrics or GatewayMetrics()
         self.tool_prices = tool_prices
+        self.replays: ReplayStore = replays or InProcessReplayStore()
+        """Answers of ``Idempotency-Key`` requests (``serve_app.ingress.idempotency``)."""
 
     async def admit(self, meta: RequestMeta, started: HeadStarted) -> MeteredRequest:
         """Reserve capacity for the request or raise the 429 (the caller closes the head)."""
@@ -119,8 +123,10 @@ class Metering:
         return MeteredRequest(self, meta, UsageTracker(started.prompt_tokens), ticket)
 
     def failed(self, meta: RequestMeta) -> None:
-        """A request that ended before output (not billed, nothing reserved)."""
+        """A request the head refused or failed before admission (not billed, nothing
+        reserved); its latency is reported like any other answer's."""
         self.metrics.request(meta.model.id, meta.endpoint, "error")
+        self.metrics.latency(meta.model.id, meta.endpoint, time.monotonic() - meta.started_at)
 
     def record(self, meta: RequestMeta, status: UsageStatus, quantities: UsageQuantities) -> None:
         """Price ``quantities`` for ``meta``'s caller and model and spool the ledger row.
@@ -157,6 +163,7 @@ class Metering:
             await self.ledger.aclose()
         if self.limiter is not None:
             await self.limiter.aclose()
+        await self.replays.aclose()
 
 
 class MeteredRequest:
@@ -173,6 +180,16 @@ class MeteredRequest:
 
     def observe(self, event: HeadEvent) -> None:
         self.usage.observe(event)
+
+    def observe_first(self, event: HeadEvent) -> None:
+        """The first output, read before the answer starts: counted at once, so a
+        client who leaves before it is relayed still pays for what was generated.
+
+        Only a delta: a first turn's ``GenerationDone`` is not the request's end when
+        the server-tool loop goes on (the loop reports its own totals).
+        """
+        if isinstance(event, TextDelta):
+            self.usage.observe(event)
 
     def add_turn(self, prompt_tokens: int) -> None:
         """A further model turn of the server-tool loop: its prompt is billed as well."""
@@ -202,7 +219,10 @@ class MeteredRequest:
             metering.metrics.tokens(
                 meta.model.id, quantities.prompt_tokens, quantities.completion_tokens
             )
-        metering.metrics.request(meta.model.id, meta.endpoint, status)
+        # Nothing produced (the head failed, or the client left, before the first token):
+        # not billed, and counted as an error or an abort, never as a partial answer.
+        outcome = status if billed else ("aborted" if aborted else "error")
+        metering.metrics.request(meta.model.id, meta.endpoint, outcome)
         metering.metrics.latency(meta.model.id, meta.endpoint, time.monotonic() - meta.started_at)
         if metering.limiter is not None:
             used = quantities.prompt_tokens + quantities.completion_tokens if billed else 0
@@ -225,6 +245,14 @@ def build_metering(
     platform = PlatformLimits(
         rpm=limits.rpm, tpm=limits.tpm, daily_tokens=limits.daily_tokens, window_s=limits.window_s
     )
+    if counters is None and not settings.redis_url and config.ingress.num_replicas > 1:
+        logger.warning(
+            "%d gateway replicas without GATEWAY_REDIS_URL: each replica keeps its own rate "
+            "limit counters (a limit of N admits up to %d x N) and its own Idempotency-Key "
+            "answers; set GATEWAY_REDIS_URL to share them",
+            config.ingress.num_replicas,
+            config.ingress.num_replicas,
+        )
     store = counters or build_counter_store(
         settings.redis_url, window_s=limits.window_s, prefix=limits.redis_prefix
     )
@@ -247,4 +275,5 @@ def build_metering(
         per_search=config.tools.web_search.price_per_search,
         per_code_second=config.tools.code_interpreter.price_per_second,
     )
-    return Metering(limiter, ledger, metrics, tool_prices)
+    replays = build_replay_store(settings.redis_url, prefix=limits.redis_prefix)
+    return Metering(limiter, ledger, metrics, tool_prices, replays)

@@ -10,6 +10,7 @@ admitted request ends, its ``MeteredRequest.finish`` runs once (``finally``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -39,7 +40,8 @@ from serve_app.ingress.streaming import (
     DONE_LINE,
     SSE_HEADERS,
     aclose_quietly,
-    open_head_stream,
+    peek_first_output,
+    read_head_started,
     sse_data,
     sse_error,
     with_timeouts,
@@ -47,12 +49,10 @@ from serve_app.ingress.streaming import (
 from serve_app.protocol.chat import ChatCompletionRequest
 from serve_app.protocol.completions import CompletionRequest
 from serve_app.protocol.errors import GatewayError, ModelUnavailableError, UpstreamError
+from serve_app.protocol.headers import RESIDENCY_HEADER, ignored_params_header
 from serve_app.protocol.models import ResidencyRouting
 
 logger = logging.getLogger(__name__)
-
-IGNORED_PARAMS_HEADER = "x-service-ignored-params"
-RESIDENCY_HEADER = "X-Service-Residency"
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,7 @@ class TextService:
         model = self.catalog.resolve(body.model, principal, "chat")
         translated = translate_completion(body, model)
         n_choices = body.n * len(body.prompts())
+        separate = model.reasoning.separate_channel
         return await self._serve(
             RequestMeta(
                 principal, model, "completions", translated.head_request.request_id, n_choices
@@ -111,9 +112,9 @@ class TextService:
             stream=body.stream,
             include_usage=body.include_usage(),
             body_builder=lambda rid, collected: completion_body(
-                rid, model.id, collected, n_choices
+                rid, model.id, collected, n_choices, separate
             ),
-            chunker_factory=lambda rid: CompletionChunker(rid, model.id),
+            chunker_factory=lambda rid: CompletionChunker(rid, model.id, separate),
         )
 
     async def _serve(
@@ -128,7 +129,7 @@ class TextService:
     ) -> Any:
         request = translated.head_request
         started, events, metered = await self._open(meta, request)
-        headers = _ignored_header(translated.ignored_params + started.ignored_params)
+        headers = ignored_params_header(translated.ignored_params + started.ignored_params)
         routing = residency_routing(meta.model)
         if routing is not None:
             headers[RESIDENCY_HEADER] = "external"
@@ -150,22 +151,42 @@ class TextService:
     async def _open(
         self, meta: RequestMeta, request: HeadRequest
     ) -> tuple[HeadStarted, AsyncIterator[HeadEvent], MeteredRequest]:
-        """Start the head, then admit: nothing is reserved for a request that fails first."""
+        """Start the head, admit on its acceptance, then wait for the first output.
+
+        Nothing is reserved for a request the head refuses (400, 503). Admission
+        comes before the first token is awaited: a 429 closes the head stream
+        before anything was generated for it (or, on an external model, before
+        the provider is called), so refused requests cost no engine work. A
+        failure before the first output is still a real status, and releases
+        the reservation unbilled.
+        """
         try:
-            started, events = await self._start(meta.model, request)
+            started, events = await self._begin(meta.model, request)
         except Exception:
             self.metering.failed(meta)
             raise
         try:
             metered = await self.metering.admit(meta, started)
         except BaseException:
-            await aclose_quietly(events)  # a 429 aborts the generation already begun
+            await aclose_quietly(events)  # a 429 stops the head before it generates
+            raise
+        try:
+            events = await peek_first_output(events, metered.observe_first)
+        except BaseException as exc:
+            await metered.finish(aborted=isinstance(exc, asyncio.CancelledError))
             raise
         return started, events, metered
 
     async def _start(
         self, model: CatalogModel, request: HeadRequest
     ) -> tuple[HeadStarted, AsyncIterator[HeadEvent]]:
+        started, events = await self._begin(model, request)
+        return started, await peek_first_output(events)
+
+    async def _begin(
+        self, model: CatalogModel, request: HeadRequest
+    ) -> tuple[HeadStarted, AsyncIterator[HeadEvent]]:
+        """Call the head and read its acceptance (``HeadStarted``), nothing more."""
         client = self.heads.get(model.id)
         if client is None and self.head_lookup is not None:
             client = self.head_lookup(model.id)  # ded/<slug>: 503 while warming
@@ -183,7 +204,7 @@ class TextService:
             self.timeouts.idle_s,
             model.id,
         )
-        return await open_head_stream(events)
+        return await read_head_started(events)
 
     # The server-tool loop and the responses route open turns the same way.
     async def open_turn(
@@ -232,11 +253,6 @@ class MeteredStreamingResponse(StreamingResponse):
 async def _release(events: AsyncIterator[HeadEvent], metered: MeteredRequest) -> None:
     await aclose_quietly(events)
     await metered.finish(aborted=True)
-
-
-def _ignored_header(names: list[str]) -> dict[str, str]:
-    unique = sorted(set(names))
-    return {IGNORED_PARAMS_HEADER: ", ".join(unique)} if unique else {}
 
 
 async def _collect(events: AsyncIterator[HeadEvent], metered: MeteredRequest) -> Collected:

@@ -1,8 +1,9 @@
 """Assembly of the FastAPI app: routers, error mapping, body limit, metadata.
 
 The order here is the request's path through the gateway: body limit (outer
-middleware) -> route -> auth dependency -> service. ``create_app`` takes a
-ready ``GatewayState`` so tests build the same app without Ray.
+middleware) -> idempotency (replays a retried answer) -> route -> auth
+dependency -> service. ``create_app`` takes a ready ``GatewayState`` so tests
+build the same app without Ray.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from fastapi import FastAPI
 
 from serve_app.ingress.body_limit import BodyLimitMiddleware
 from serve_app.ingress.errors import install_error_handlers
+from serve_app.ingress.idempotency import IdempotencyMiddleware
 from serve_app.ingress.state import GatewayState
 from serve_app.routes import (
     audio,
@@ -34,6 +36,9 @@ def create_app(
     app = FastAPI(
         title="Inference Gateway",
         version=API_VERSION,
+        # A body sent without Content-Type is read as JSON (clients that omit the header
+        # get an answer, not "must be a JSON object"); other types are still not JSON.
+        strict_content_type=False,
         description=(
             "OpenAI-compatible inference API. Authenticate with `Authorization: Bearer "
             "<key>`. Errors use the envelope `{error: {message, type, code, param}}`."
@@ -54,6 +59,9 @@ def create_app(
     ):
         app.include_router(module.router)
     install_error_handlers(app)
+    # Inner to the body limit: a retry with an Idempotency-Key is answered from the
+    # first attempt's stored answer, never generated (or billed) again.
+    app.add_middleware(IdempotencyMiddleware, store=state.text.metering.replays)
     limits = {**audio.body_limits(state.audio), **(body_limits or {})}
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=max_body_bytes, limits=limits, streamed=audio.STREAMED_PATHS

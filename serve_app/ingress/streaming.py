@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from deployments.head_protocol import HeadEvent, HeadFailure, HeadStarted
@@ -66,13 +66,43 @@ async def open_head_stream(
     read before any response exists, so an engine that fails before producing
     anything still gets a real status instead of a 200 with an error event.
     """
+    started, iterator = await read_head_started(events)
+    return started, await peek_first_output(iterator)
+
+
+async def read_head_started(
+    events: AsyncIterator[HeadEvent],
+) -> tuple[HeadStarted, AsyncIterator[HeadEvent]]:
+    """The first half of ``open_head_stream``: the head's acceptance only.
+
+    Admission (limits) goes between the two halves: deciding a 429 must not wait
+    for the first token, or a refused request would already have been generated
+    (and, on an external model, paid to the provider).
+    """
     iterator = aiter(events)
-    first = await _next_or_fail(iterator)
+    try:
+        first = await _next_or_fail(iterator)
+    except BaseException:
+        await aclose_quietly(iterator)
+        raise
     if not isinstance(first, HeadStarted):
         await aclose_quietly(iterator)
         if isinstance(first, HeadFailure):
             raise first.to_error()
         raise GatewayError(f"Unexpected first head event {type(first).__name__}.")
+    return first, iterator
+
+
+async def peek_first_output(
+    iterator: AsyncIterator[HeadEvent],
+    on_output: Callable[[HeadEvent], None] | None = None,
+) -> AsyncIterator[HeadEvent]:
+    """The second half of ``open_head_stream``: the first item after ``HeadStarted``.
+
+    A failure there raises (a real status); otherwise the item is put back in
+    front. ``on_output`` sees it at once: it was generated even if the client
+    leaves before it is relayed, and metering must count it.
+    """
     try:
         second = await _next_or_fail(iterator)
     except BaseException:
@@ -81,7 +111,9 @@ async def open_head_stream(
     if isinstance(second, HeadFailure):
         await aclose_quietly(iterator)
         raise second.to_error()
-    return first, _prepend(second, iterator)
+    if on_output is not None:
+        on_output(second)
+    return _prepend(second, iterator)
 
 
 async def _next_or_fail(iterator: AsyncIterator[HeadEvent]) -> HeadEvent:

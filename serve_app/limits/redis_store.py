@@ -166,16 +166,20 @@ class RedisCounterStore:
         """A store on its own connection pool.
 
         A blocking pool makes a burst wait for a free connection instead of
-        failing; short socket timeouts keep a Redis outage from stalling requests.
+        failing: a busy pool is not an outage, and failing there would let the
+        burst through unlimited (fail-open). Socket timeouts are a few seconds:
+        short enough that a Redis outage does not stall requests for long, long
+        enough that a loaded replica opening many connections at once does not
+        mistake slowness for an outage (1 s did, under a 2-core burst test).
         """
         import redis.asyncio as aioredis
 
         pool = aioredis.BlockingConnectionPool.from_url(
             url,
             max_connections=max_connections,
-            timeout=2.0,
-            socket_timeout=1.0,
-            socket_connect_timeout=1.0,
+            timeout=10.0,
+            socket_timeout=3.0,
+            socket_connect_timeout=3.0,
         )
         return cls(aioredis.Redis(connection_pool=pool), **kwargs)
 

@@ -47,6 +47,9 @@ class ScriptedEngine(TextEngine):
         self.words: list[str] = []
         self.aborted: list[str] = []
         self.seen: list[tuple[PromptSpec | None, SamplingSpec]] = []
+        self.produced: dict[str, tuple[int, int]] = {}
+        """The engine's own count per engine request id: (prompt tokens, completion tokens
+        yielded so far), kept however the generation ends (tests compare the ledger to it)."""
 
     async def start(self) -> EngineInfo:
         return EngineInfo(
@@ -96,8 +99,14 @@ class ScriptedEngine(TextEngine):
     ) -> AsyncIterator[EngineEvent]:
         last: str = prompt.payload["last"]
         self.seen.append((prompt.payload["prompt"], sampling))
+        per_choice: dict[int, int] = {}
+        self.produced[request_id] = (prompt.num_tokens, 0)
         try:
             async for event in self._script(request_id, last, prompt, sampling):
+                if isinstance(event, TextDelta):
+                    seen = per_choice.get(event.choice_index, 0)
+                    per_choice[event.choice_index] = max(seen, event.completion_tokens)
+                    self.produced[request_id] = (prompt.num_tokens, sum(per_choice.values()))
                 yield event
         except (asyncio.CancelledError, GeneratorExit):
             self.aborted.append(request_id)

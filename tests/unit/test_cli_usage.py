@@ -53,6 +53,22 @@ def run(
     return code, capsys.readouterr().out
 
 
+HEADER = [
+    "MODEL",
+    "REQUESTS",
+    "PROMPT",
+    "COMPLETION",
+    "CACHED",
+    "REASONING",
+    "SEARCHES",
+    "CODE_S",
+    "IMAGES",
+    "AUDIO_S",
+    "VIDEO_S",
+    "COST",
+]
+
+
 def test_totals_per_model_and_cost(
     capsys: pytest.CaptureFixture[str], settings: GatewaySettings
 ) -> None:
@@ -61,19 +77,44 @@ def test_totals_per_model_and_cost(
     assert code == 0
     lines = out.strip().splitlines()
     assert lines[0] == "Usage of user 'alice' since 2024-06-01 (UTC):"
-    assert lines[1].split() == [
-        "MODEL",
-        "REQUESTS",
-        "PROMPT",
-        "COMPLETION",
-        "CACHED",
-        "REASONING",
-        "COST",
-    ]
+    assert lines[1].split() == HEADER
     # m1: 100*1 + 40*2 + 50*1 + 10*2 = 250 per million; m2 spot: (1000*2 + 500*4) * 0.5 = 2000.
-    assert lines[2].split() == ["m1", "3", "150", "50", "20", "0", "0.000250", "eur"]
-    assert lines[3].split() == ["m2", "1", "1000", "500", "0", "0", "0.002000", "eur"]
-    assert lines[4].split() == ["TOTAL", "4", "1150", "550", "20", "0", "0.002250", "eur"]
+    zeros = ["0", "0.00", "0", "0.00", "0.00"]
+    assert lines[2].split() == ["m1", "3", "150", "50", "20", "0", *zeros, "0.000250", "eur"]
+    assert lines[3].split() == ["m2", "1", "1000", "500", "0", "0", *zeros, "0.002000", "eur"]
+    assert lines[4].split() == ["TOTAL", "4", "1150", "550", "20", "0", *zeros, "0.002250", "eur"]
+
+
+def test_units_other_than_tokens_have_columns(
+    capsys: pytest.CaptureFixture[str], settings: GatewaySettings
+) -> None:
+    user_id = seed(settings)
+    db = Database.from_settings(settings)
+    units = UsageQuantities(web_searches=3, code_seconds=4.5, images=2, audio_seconds=7.25)
+    LedgerStore(db).insert(
+        [
+            make_record("f", user_id=user_id, model="m3", usage=units),
+            make_record("g", user_id=user_id, model="m3", usage=UsageQuantities(video_seconds=5)),
+        ]
+    )
+    db.dispose()
+    code, out = run(capsys, settings, "--user", "alice", "--since", "2024-06-01")
+    assert code == 0
+    m3 = next(line.split() for line in out.splitlines() if line.startswith("m3"))
+    assert dict(zip(HEADER, m3, strict=False)) | {"COST": m3[-2]} == {
+        "MODEL": "m3",
+        "REQUESTS": "2",
+        "PROMPT": "0",
+        "COMPLETION": "0",
+        "CACHED": "0",
+        "REASONING": "0",
+        "SEARCHES": "3",
+        "CODE_S": "4.50",
+        "IMAGES": "2",
+        "AUDIO_S": "7.25",
+        "VIDEO_S": "5.00",
+        "COST": "0.000000",
+    }
 
 
 def test_all_time_includes_older_records_and_user_ids_work(
@@ -86,11 +127,14 @@ def test_all_time_includes_older_records_and_user_ids_work(
     assert total[:4] == ["TOTAL", "5", "1157", "557"]
 
 
-def test_no_usage_and_bad_dates(
+def test_no_usage_unknown_users_and_bad_dates(
     capsys: pytest.CaptureFixture[str], settings: GatewaySettings
 ) -> None:
-    code, out = run(capsys, settings, "--user", "nobody")
-    assert (code, out.strip()) == (0, "No usage recorded for user 'nobody'.")
+    seed(settings)
+    code, out = run(capsys, settings, "--user", "alice", "--since", "2099-01-01")
+    assert (code, out.strip()) == (0, "No usage recorded for user 'alice' since 2099-01-01 (UTC).")
+    assert main(["usage", "--user", "nobody"], settings=settings) == 1
+    assert "no user named 'nobody'" in capsys.readouterr().err
     assert main(["usage", "--user", "x", "--since", "05/01/2024"], settings=settings) == 2
     assert main(["usage", "--help"], settings=settings) == 0
-    assert "--since" in capsys.readouterr().out
+    assert "--since DATE" in capsys.readouterr().out

@@ -36,12 +36,14 @@ def test_a_failing_backend_never_fails_the_request() -> None:
 async def test_requests_tokens_429s_and_latency_per_model(make_gateway: HarnessFactory) -> None:
     registry = prometheus_client.CollectorRegistry()
     gw = await make_gateway(metrics=GatewayMetrics(PrometheusBackend(registry)))
-    gw.store.update_user("alice", rpm=1)
+    gw.store.update_user("alice", rpm=2)
     async with gw.client(gw.keys["user"]) as http:
         assert (await http.post("/v1/chat/completions", json=HELLO)).status_code == 200
-        assert (await http.post("/v1/chat/completions", json=HELLO)).status_code == 429
         bad = {**HELLO, "messages": [{"role": "user", "content": "#fail-before"}]}
         assert (await http.post("/v1/chat/completions", json=bad)).status_code == 502
+        assert (await http.post("/v1/chat/completions", json=HELLO)).status_code == 429
+        unknown = {**HELLO, "model": "no-such-model"}
+        assert (await http.post("/v1/chat/completions", json=unknown)).status_code == 404
 
     def value(name: str, **labels: str) -> float | None:
         return registry.get_sample_value(name, labels)
@@ -53,7 +55,8 @@ async def test_requests_tokens_429s_and_latency_per_model(make_gateway: HarnessF
     assert value("gateway_rate_limited_total", **model, code="rate_limit_exceeded") == 1
     assert value("gateway_tokens_total", **model, kind="prompt") == 4
     assert value("gateway_tokens_total", **model, kind="completion") == 2
-    assert value("gateway_request_latency_s_count", **model, endpoint="chat") == 1
+    # Answers from the head count (the 502 too); a 429 or 404 never reached it.
+    assert value("gateway_request_latency_seconds_count", **model, endpoint="chat") == 2
 
 
 def test_prometheus_exposition_names() -> None:

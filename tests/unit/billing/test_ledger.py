@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -182,3 +183,66 @@ def test_totals_per_model_since_a_date(db: Database) -> None:
     assert abs(m1.cost - (110 * 1.0 + 55 * 2.0) / 1e6) < 1e-12
     assert abs(totals["m2"].cost - 1000 * 2.0 * 0.5 / 1e6) < 1e-12
     assert {t.model: t.records for t in store.totals("usr_1")} == {"m1": 3, "m2": 1}
+
+
+async def test_an_unreadable_spool_file_does_not_block_the_others(
+    db: Database, tmp_path: Path
+) -> None:
+    """A file this version cannot store (here: a field from a newer version) stays in
+    the spool for a process that can, while every other record is committed."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    # A dead replica's files (spool.py): its unlocked lock file and its active records,
+    # the second written by a newer version with a field this one does not know.
+    future = make_record("new-1").to_json() | {"gpu_seconds": 1.5}
+    lines = [json.dumps(make_record("old-1").to_json()), json.dumps(future)]
+    (spool / "gone-1.lock").touch()
+    (spool / "gone-1.active.jsonl").write_text("\n".join(lines) + "\n")
+    ledger = UsageLedger(LedgerStore(db), spool, flush_interval_s=3600)
+    await ledger.start()
+    ledger.submit(make_record("mine-1"))
+    await ledger.flush()
+    ledger.submit(make_record("mine-2"))
+    assert await ledger.flush()
+    assert stored_ids(db) == ["mine-1", "mine-2", "old-1"]  # the bad record blocks nothing
+    await ledger.aclose()
+    kept = [line for path in spool.glob("*.jsonl") for line in path.read_text().splitlines()]
+    assert len(kept) == 1 and "gpu_seconds" in kept[0]  # kept whole for a newer replica
+    successor = UsageLedger(LedgerStore(db), spool, flush_interval_s=3600)
+    await successor.start()
+    await successor.flush()  # adopts the held file (its owner is gone), holds it again
+    await successor.aclose()
+    assert stored_ids(db) == ["mine-1", "mine-2", "old-1"]
+    assert len(list(spool.glob("*.jsonl"))) == 1
+
+
+async def test_a_record_the_database_refuses_is_set_aside_alone(
+    db: Database, tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool"
+    ledger = UsageLedger(LedgerStore(db), spool, flush_interval_s=3600)
+    ledger.submit(make_record("good-1"))
+    ledger.submit(make_record("bad-1", status="refunded"))  # fails the status CHECK
+    ledger.submit(make_record("good-2"))
+    assert await ledger.flush()
+    assert stored_ids(db) == ["good-1", "good-2"]
+    await ledger.aclose()
+    (kept,) = [line for path in spool.glob("*.jsonl") for line in path.read_text().splitlines()]
+    assert json.loads(kept)["request_id"] == "bad-1"
+
+
+async def test_files_whose_lock_file_is_gone_are_adopted(db: Database, tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "host.a-1-x.0000000003.batch.jsonl").write_text(
+        json.dumps(make_record("batch-1").to_json()) + "\n"
+    )
+    (spool / "host.a-1-x.active.jsonl").write_text(
+        json.dumps(make_record("active-1").to_json()) + "\n"
+    )
+    ledger = UsageLedger(LedgerStore(db), spool, flush_interval_s=3600)
+    await ledger.start()
+    assert await ledger.flush()
+    await ledger.aclose()
+    assert stored_ids(db) == ["active-1", "batch-1"]
+    assert list(spool.iterdir()) == []

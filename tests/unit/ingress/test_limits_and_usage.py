@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,10 +14,15 @@ import pytest
 
 from serve_app.billing.records import UsageRecord
 from serve_app.billing.store import LedgerStore
+from serve_app.config import GatewayAppArgs
+from serve_app.inference.metering import build_metering
 from serve_app.limits.buckets import DAY_MS
 from serve_app.limits.memory import InProcessCounterStore
+from serve_app.settings import GatewaySettings
+from serve_app.storage.db import Database
 from tests.fixtures.gateway import GatewayHarness, HarnessFactory
-from tests.fixtures.limits import ManualClock
+from tests.fixtures.limits import ManualClock, StoreFactory
+from tests.unit.ingress.leaving_client import stream_then_leave
 
 # "user: hello there\nassistant:" is 4 scripted tokens; max_tokens omitted -> 32
 # (max_output_tokens): the reservation is 36 tokens, the real usage 4 + 2 = 6.
@@ -64,7 +69,8 @@ async def test_rpm_2_third_call_is_429_with_the_real_wait(make_gateway: HarnessF
     assert resp.headers["retry-after"] == "45"  # the first call leaves the window at 60 s
     error = resp.json()["error"]
     assert (error["type"], error["code"]) == ("rate_limit_error", "rate_limit_exceeded")
-    await until(lambda: len(engine.aborted) == 1)  # the refused generation was stopped
+    # Refused on the head's acceptance, before the engine was asked for a token.
+    assert (len(engine.produced), engine.aborted) == (2, [])
     assert len(await ledger_records(gw, "alice")) == 2  # a 429 is not billed
 
 
@@ -187,64 +193,13 @@ async def test_ledger_matches_engine_counts_over_a_mixed_workload(gateway: Gatew
     )
 
 
-async def _stream_then_leave(
-    app: Any, key: str, body: dict[str, Any], chunks: int, spec: str
-) -> list[bytes]:
-    """Drive the ASGI app like a server whose client disconnects after ``chunks`` bodies."""
-    data = json.dumps(body).encode()
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": spec},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [
-            (b"host", b"gateway.test"),
-            (b"authorization", f"Bearer {key}".encode()),
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(data)).encode()),
-        ],
-        "client": ("127.0.0.1", 5000),
-        "server": ("gateway.test", 80),
-    }
-    gone = asyncio.Event()
-    sent_body = False
-    received: list[bytes] = []
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent_body
-        if not sent_body:
-            sent_body = True
-            return {"type": "http.request", "body": data, "more_body": False}
-        await gone.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        if message["type"] != "http.response.body" or not message.get("body"):
-            return
-        if gone.is_set():
-            raise OSError("client gone")
-        received.append(message["body"])
-        if len(received) >= chunks:
-            gone.set()
-            await asyncio.sleep(0.01)  # let a disconnect listener act
-
-    with contextlib.suppress(Exception):  # ClientDisconnect under ASGI 2.4
-        await app(scope, receive, send)
-    return received
-
-
 @pytest.mark.parametrize("spec", ["2.3", "2.4"])
 async def test_aborted_stream_is_billed_for_what_was_produced(
     gateway: GatewayHarness, spec: str
 ) -> None:
     words = " ".join(f"w{i}" for i in range(20))
     body = {**HELLO, "stream": True, "messages": [{"role": "user", "content": words}]}
-    received = await _stream_then_leave(gateway.app, gateway.keys["user"], body, 4, spec)
+    received = await stream_then_leave(gateway.app, gateway.keys["user"], body, 4, spec)
     content_chunks = [c for c in received if b'"content":"' in c and b'"role"' not in c]
     (record,) = (await ledger_records(gateway, "alice")).values()  # billed at once
     assert record.status == "aborted"
@@ -252,3 +207,73 @@ async def test_aborted_stream_is_billed_for_what_was_produced(
     assert 1 <= record.completion_tokens < 20
     assert record.completion_tokens in (len(content_chunks), len(content_chunks) + 1)
     await until(lambda: bool(gateway.engines["scripted-chat"].aborted))  # head stopped
+
+
+async def test_tpm_retry_after_is_the_longest_real_wait_of_key_and_user(
+    make_gateway: HarnessFactory, make_store: StoreFactory, clock: ManualClock
+) -> None:
+    """Each call reserves 36 tokens and settles to 6; every bucket counts settled usage."""
+    gw = await make_gateway(counters=make_store(clock=clock))
+    gw.store.update_user("alice", tpm=15)
+    key1 = gw.store.create_key("alice", "acme", tpm=10)
+    key2 = gw.keys["user"]
+    assert (await post(gw, key2, HELLO)).status_code == 200  # t=0   user 6
+    clock.advance(20)
+    assert (await post(gw, key1, HELLO)).status_code == 200  # t=20  key1 6, user 12
+    clock.advance(20)
+    assert (await post(gw, key1, HELLO)).status_code == 200  # t=40  key1 12, user 18
+    clock.advance(5)
+    # t=45: key1 has room once t=20 leaves (35 s); the user once t=0 leaves (15 s).
+    by_key = await post(gw, key1, HELLO)
+    assert (by_key.status_code, by_key.headers["retry-after"]) == (429, "35")
+    assert "10 tokens per minute for this API key" in by_key.json()["error"]["message"]
+    by_user = await post(gw, key2, HELLO)
+    assert (by_user.status_code, by_user.headers["retry-after"]) == (429, "15")
+    assert "15 tokens per minute for this user" in by_user.json()["error"]["message"]
+    clock.advance(15)  # t=60: the first call left the window
+    assert (await post(gw, key2, HELLO)).status_code == 200
+    assert (await post(gw, key1, HELLO)).headers["retry-after"] == "20"
+
+
+async def test_replicas_without_redis_are_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = GatewaySettings(state_dir=tmp_path, redis_url=None)
+    database = Database(f"sqlite:///{tmp_path / 'gw.db'}")
+    for replicas, warned in ((1, False), (4, True)):
+        caplog.clear()
+        config = GatewayAppArgs.model_validate({"ingress": {"num_replicas": replicas}})
+        metering = build_metering(config, database, settings)
+        await metering.aclose()
+        assert ("without GATEWAY_REDIS_URL" in caplog.text) is warned
+
+
+async def test_every_text_route_shares_the_limits(make_gateway: HarnessFactory) -> None:
+    gw = await make_gateway()
+    gw.store.update_user("alice", rpm=1)
+    assert (await post(gw, "user", HELLO)).status_code == 200
+    refused = [
+        await post(gw, "user", {"model": "scripted-chat", "prompt": "a"}, "/v1/completions"),
+        await post(gw, "user", {"model": "scripted-chat", "input": "a"}, "/v1/responses"),
+        await post(
+            gw, "user", {"model": "scripted-chat", "input": "a", "stream": True}, "/v1/responses"
+        ),
+        await post(gw, "user", {**HELLO, "stream": True}),
+    ]
+    assert [(r.status_code, r.json()["error"]["code"]) for r in refused] == [
+        (429, "rate_limit_exceeded")
+    ] * 4
+    assert all(int(r.headers["retry-after"]) > 0 for r in refused)
+
+
+async def test_an_external_request_over_the_limit_never_calls_the_provider(
+    make_gateway: HarnessFactory,
+) -> None:
+    """The fixture's provider is unreachable: any call to it would end in a 503."""
+    gw = await make_gateway()
+    gw.store.update_user("bob", rpm=1)
+    body = {**HELLO, "model": "external-chat"}
+    first = await post(gw, "external", body)
+    assert first.json()["error"]["code"] == "model_unavailable"  # it tried the provider
+    refused = await post(gw, "external", body)
+    assert (refused.status_code, refused.json()["error"]["code"]) == (429, "rate_limit_exceeded")

@@ -1,12 +1,20 @@
-"""Four gateway replicas (four independent Redis stores) share one set of limits."""
+"""Four gateway replicas (four independent Redis stores) share one set of limits.
+
+The store-level cases measure the counters alone; the last case runs four
+whole gateway apps (auth, head, admission, ledger) against one Redis.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import time
+from pathlib import Path
 
+from serve_app.billing.store import LedgerStore
 from serve_app.limits.buckets import BucketSpec, Denial, Ticket
+from serve_app.limits.redis_store import RedisCounterStore
+from tests.fixtures.gateway import build_harness, start_heads
 from tests.fixtures.limits import StoreFactory
 
 REPLICAS = 4
@@ -76,3 +84,41 @@ async def test_fifty_callers_on_four_replicas_share_one_token_quota(
 
     await asyncio.gather(*(caller(n) for n in range(50)))
     assert limit <= sum(spent) < limit + max_cost
+
+
+async def test_four_gateway_apps_admit_n_per_minute_over_http(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    """The whole request path: four apps (one database, one Redis, a pool each)."""
+    limit = 7
+    replicas = [
+        build_harness(
+            tmp_path / "gw.db",
+            counters=RedisCounterStore.from_url(redis_url, prefix=redis_prefix),
+        )
+        for _ in range(REPLICAS)
+    ]
+    try:
+        for harness in replicas:
+            await start_heads(harness)
+        key = replicas[0].store.create_key("alice", "acme")
+        replicas[0].store.update_user("alice", rpm=limit)
+        body = {"model": "scripted-chat", "messages": [{"role": "user", "content": "hi"}]}
+
+        async def call(i: int) -> int:
+            async with replicas[i % REPLICAS].client(key) as http:
+                return (await http.post("/v1/chat/completions", json=body)).status_code
+
+        codes = await asyncio.gather(*(call(i) for i in range(REPLICAS * 10)))
+        assert sorted(codes) == [200] * limit + [429] * (REPLICAS * 10 - limit)
+        ledger = replicas[0].metering.ledger
+        assert ledger is not None
+        for harness in replicas:
+            flushed = harness.metering.ledger
+            assert flushed is not None and await flushed.flush()
+        user = replicas[0].store.get_user("alice")
+        assert user is not None
+        assert len(LedgerStore(ledger.store._db).records_for(user.id)) == limit
+    finally:
+        for harness in replicas:
+            await harness.aclose()
