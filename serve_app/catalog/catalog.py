@@ -151,6 +151,13 @@ class Catalog:
     def model_list(self, principal: Principal) -> ModelList:
         return ModelList(data=[model_card(m) for m in self.visible_to(principal)])
 
+    def card_for(self, model_id: str, principal: Principal) -> ModelCard | None:
+        """The card of one listed model, or None where ``model_list`` would not show it."""
+        model = self.get(model_id)
+        if model is None or (model.is_external and not principal.external_providers_enabled):
+            return None
+        return model_card(model)
+
     def resolve(self, model_id: str, principal: Principal, head: HeadKind) -> CatalogModel:
         """The model a request may use on a route of ``head`` kind, or the spec's error.
 

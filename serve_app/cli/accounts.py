@@ -76,7 +76,7 @@ def _keys_create(args: argparse.Namespace, settings: GatewaySettings) -> int:
 
 def _keys_revoke(args: argparse.Namespace, settings: GatewaySettings) -> int:
     with _open_store(settings) as store:
-        if not store.revoke_key(args.key):
+        if not store.revoke_key(_target(args, "key")):
             raise CommandError("no active key matches that key or id (unknown or already revoked)")
     print("Key revoked; gateways stop accepting it within the auth cache interval.")
     return 0
@@ -127,7 +127,7 @@ def _users_update(args: argparse.Namespace, settings: GatewaySettings) -> int:
     if all(value is None for value in changes.values()):
         raise CommandError("nothing to update: give at least one option (see --help)")
     with _open_store(settings) as store:
-        print(_describe_user(store.update_user(args.user, **changes)))
+        print(_describe_user(store.update_user(_target(args, "user"), **changes)))
     return 0
 
 
@@ -136,7 +136,9 @@ def _orgs_update(args: argparse.Namespace, settings: GatewaySettings) -> int:
         raise CommandError("nothing to update: give at least one option (see --help)")
     with _open_store(settings) as store:
         org = store.update_org(
-            args.org, external_providers=args.external_providers, internal=args.internal
+            _target(args, "org"),
+            external_providers=args.external_providers,
+            internal=args.internal,
         )
     print(_describe_org(org))
     return 0
@@ -156,6 +158,24 @@ def _db_migrate(args: argparse.Namespace, settings: GatewaySettings) -> int:
 
 
 # ---- parsers -----------------------------------------------------------------
+def _add_target(parser: argparse.ArgumentParser, name: str, metavar: str, what: str) -> None:
+    """The object a command acts on, written ``update alice`` or ``update --user alice``.
+
+    ``keys create`` names its user with ``--user``; accepting the same spelling on
+    the commands that take a positional spares operators a usage error. Exactly one
+    of the two forms must be given (argparse answers a usage error otherwise).
+    """
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument(name, nargs="?", metavar=metavar, help=what)
+    group.add_argument(f"--{name}", dest=f"{name}_option", metavar=metavar, help=f"{what} (same)")
+
+
+def _target(args: argparse.Namespace, name: str) -> str:
+    value = getattr(args, name) or getattr(args, f"{name}_option")
+    assert isinstance(value, str)  # the required group guarantees one of the two
+    return value
+
+
 def _register_keys(subparsers: _SubParsers) -> None:
     keys = subparsers.add_parser("keys", help="create, revoke and list API keys")
     commands = keys.add_subparsers(title="keys commands", dest="keys_command", required=True)
@@ -183,7 +203,7 @@ def _register_keys(subparsers: _SubParsers) -> None:
     create.set_defaults(handler=_keys_create)
 
     revoke = commands.add_parser("revoke", help="revoke a key by raw key or key id")
-    revoke.add_argument("key", metavar="KEY", help="the raw key or its id (key_...)")
+    _add_target(revoke, "key", "KEY", "the raw key or its id (key_...)")
     revoke.set_defaults(handler=_keys_revoke)
 
     listing = commands.add_parser("list", help="list a user's keys (ids and prefixes only)")
@@ -201,7 +221,7 @@ def _register_users_orgs(subparsers: _SubParsers) -> None:
         help="change only the given settings of a user",
         description="Change only the given settings; a limit of 0 returns it to the default.",
     )
-    update.add_argument("user", metavar="USER", help="user name")
+    _add_target(update, "user", "USER", "user name")
     for flag, what in (("--rpm", "requests/min"), ("--tpm", "tokens/min")):
         update.add_argument(flag, type=_non_negative_int, metavar="N", help=f"{what}; 0 clears")
     update.add_argument(
@@ -214,7 +234,7 @@ def _register_users_orgs(subparsers: _SubParsers) -> None:
     orgs = subparsers.add_parser("orgs", help="change organization flags")
     org_commands = orgs.add_subparsers(title="orgs commands", dest="orgs_command", required=True)
     org_update = org_commands.add_parser("update", help="change only the given org flags")
-    org_update.add_argument("org", metavar="ORG", help="organization name")
+    _add_target(org_update, "org", "ORG", "organization name")
     org_update.add_argument(
         "--external-providers", type=_switch, metavar="on|off", help="allow external providers"
     )

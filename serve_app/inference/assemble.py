@@ -55,9 +55,15 @@ class Collected:
         return sum(c.completion_tokens for c in self.choices.values())
 
 
-def usage_of(done: GenerationDone) -> Usage:
+def usage_of(done: GenerationDone, separate_channel: bool) -> Usage:
+    """Spec 2.7: ``reasoning_tokens`` only on separate-channel models (an external
+    provider may report ``reasoning_tokens: 0`` for every model; that is not ours to
+    publish), and only when counted (never a made-up 0)."""
     return Usage.build(
-        done.prompt_tokens, done.completion_tokens, done.cached_tokens, done.reasoning_tokens
+        done.prompt_tokens,
+        done.completion_tokens,
+        done.cached_tokens,
+        done.reasoning_tokens if separate_channel else None,
     )
 
 
@@ -91,12 +97,12 @@ def chat_completion_body(
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": usage_of(collected.done).model_dump(exclude_none=True),
+        "usage": usage_of(collected.done, separate_channel).model_dump(exclude_none=True),
     }
 
 
 def completion_body(
-    request_id: str, model: str, collected: Collected, n_choices: int
+    request_id: str, model: str, collected: Collected, n_choices: int, separate_channel: bool
 ) -> dict[str, Any]:
     assert collected.done is not None
     choices = []
@@ -116,7 +122,7 @@ def completion_body(
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": usage_of(collected.done).model_dump(exclude_none=True),
+        "usage": usage_of(collected.done, separate_channel).model_dump(exclude_none=True),
     }
 
 
@@ -167,7 +173,8 @@ class ChatChunker:
         )
 
     def usage(self, done: GenerationDone) -> dict[str, Any]:
-        return self._chunk([], usage=usage_of(done).model_dump(exclude_none=True))
+        usage = usage_of(done, self.separate_channel).model_dump(exclude_none=True)
+        return self._chunk([], usage=usage)
 
     def routing(self, routing: dict[str, Any]) -> dict[str, Any]:
         """The disclosure chunk of an externally served stream (spec 2.3)."""
@@ -177,13 +184,14 @@ class ChatChunker:
 class CompletionChunker:
     """Builds ``text_completion`` stream chunks (legacy route)."""
 
-    def __init__(self, request_id: str, model: str) -> None:
+    def __init__(self, request_id: str, model: str, separate_channel: bool) -> None:
         self.base = {
             "id": request_id,
             "object": "text_completion",
             "created": int(time.time()),
             "model": model,
         }
+        self.separate_channel = separate_channel
 
     def role(self, n_choices: int) -> None:
         return None
@@ -200,7 +208,8 @@ class CompletionChunker:
         return {**self.base, "choices": [choice]}
 
     def usage(self, done: GenerationDone) -> dict[str, Any]:
-        return {**self.base, "choices": [], "usage": usage_of(done).model_dump(exclude_none=True)}
+        usage = usage_of(done, self.separate_channel).model_dump(exclude_none=True)
+        return {**self.base, "choices": [], "usage": usage}
 
     def routing(self, routing: dict[str, Any]) -> dict[str, Any]:
         return {**self.base, "choices": [], "routing": routing}

@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
@@ -42,10 +43,24 @@ _BACKOFF_S = (0.5, 1.0)
 class ExternalHeadClient:
     """A ``HeadClient`` for one external model."""
 
-    def __init__(self, model: CatalogModel, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self,
+        model: CatalogModel,
+        client: httpx.AsyncClient | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        """``environ`` is where ``api_key_env`` is looked up (the process environment
+        unless a test hands in its own)."""
         assert model.external is not None
         self.model_id = model.id
         self.provider: ExternalProvider = model.external
+        self._environ = os.environ if environ is None else environ
+        if not self._environ.get(self.provider.api_key_env):
+            logger.warning(
+                "external model %s: %s is not set; the provider will refuse its calls",
+                model.id,
+                self.provider.api_key_env,
+            )
         self._client = client or httpx.AsyncClient(
             timeout=httpx.Timeout(self.provider.timeout_s, connect=10.0)
         )
@@ -58,7 +73,7 @@ class ExternalHeadClient:
         )
         try:
             async with self._open(path, body) as response:
-                async for event in _events(response):
+                async for event in _events(response, self.model_id):
                     yield event
         except GatewayError as err:
             yield HeadFailure.from_error(err)
@@ -71,13 +86,18 @@ class ExternalHeadClient:
             yield HeadFailure.from_error(
                 UpstreamError(f"The provider of '{self.model_id}' failed ({type(err).__name__}).")
             )
+        except Exception:  # a provider that answers something we cannot read: its failure
+            logger.exception("external %s sent an unreadable answer", self.model_id)
+            yield HeadFailure.from_error(
+                UpstreamError(f"The provider of '{self.model_id}' sent an unreadable answer.")
+            )
 
     def _open(self, path: str, body: dict[str, Any]) -> _UpstreamCall:
         return _UpstreamCall(self, path, body)
 
     async def send(self, path: str, body: dict[str, Any]) -> httpx.Response:
         """POST with retries limited to the cases where nothing was generated."""
-        headers = {"Authorization": f"Bearer {os.environ.get(self.provider.api_key_env, '')}"}
+        headers = {"Authorization": f"Bearer {self._environ.get(self.provider.api_key_env, '')}"}
         url = self.provider.base_url.rstrip("/") + path
         for attempt in range(len(_BACKOFF_S) + 1):
             last = attempt == len(_BACKOFF_S)
@@ -110,9 +130,11 @@ class _UpstreamCall:
         response = await self._client.send(self._path, self._body)
         self._response = response
         if response.status_code >= 400:
-            await response.aread()
+            body = await read_capped(response, _ERROR_BODY_BYTES)
             await response.aclose()
-            raise upstream_status_error(response, self._client.model_id)
+            raise upstream_status_error(
+                response.status_code, response.headers, body, self._client.model_id
+            )
         return response
 
     async def __aexit__(self, *exc: object) -> None:
@@ -120,30 +142,83 @@ class _UpstreamCall:
             await self._response.aclose()
 
 
-def upstream_status_error(response: httpx.Response, model_id: str) -> GatewayError:
+# 400 codes of our vocabulary (spec 7) a provider's refusal may carry through.
+_RELAYED_400_CODES = frozenset(
+    {"context_length_exceeded", "invalid_value", "invalid_image", "unsupported_parameter"}
+)
+
+
+_ERROR_BODY_BYTES = 64 * 1024
+"""How much of a provider's error body is read: enough for any message, never a flood."""
+_WHOLE_BODY_BYTES = 32 * 1024 * 1024
+"""Cap on a provider's non-streamed (JSON) answer."""
+
+
+async def read_capped(response: httpx.Response, limit: int) -> bytes:
+    """At most ``limit`` bytes of a streamed response body (the rest is not read)."""
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body.extend(chunk)
+        if len(body) >= limit:
+            break
+    return bytes(body[:limit])
+
+
+def upstream_status_error(
+    status: int, headers: httpx.Headers, body: bytes, model_id: str
+) -> GatewayError:
     """Map a provider's error status to ours (spec 7: 502/503/504, or the client's 400)."""
-    message = _error_message(response)
-    status = response.status_code
+    error = _error_object(body)
+    message = _error_message(error, body, status)
     if status in (400, 404, 409, 413, 422):
-        return InvalidRequestError(f"The provider refused the request: {message}")
+        code, param = _refusal_code(error, message)
+        return InvalidRequestError(
+            f"The provider refused the request: {message}", code=code, param=param
+        )
     if status in _RETRY_STATUSES:
-        headers = {}
-        if response.headers.get("retry-after", "").isdigit():
-            headers["Retry-After"] = response.headers["retry-after"]
+        retry = {}
+        if headers.get("retry-after", "").isdigit():
+            retry["Retry-After"] = headers["retry-after"]
         return ModelUnavailableError(
-            f"The provider of '{model_id}' is over capacity; retry shortly.", headers=headers
+            f"The provider of '{model_id}' is over capacity; retry shortly.", headers=retry
         )
     if status == 504:
         return UpstreamTimeoutError(f"The provider of '{model_id}' timed out.")
     return UpstreamError(f"The provider of '{model_id}' failed with status {status}.")
 
 
-def _error_message(response: httpx.Response) -> str:
+def _error_object(body: bytes) -> dict[str, Any]:
+    """The provider's ``error`` object, or ``{}`` when the body is not the usual envelope."""
     try:
-        data = response.json()
-        return str(data.get("error", {}).get("message") or data)[:500]
-    except (ValueError, AttributeError):
-        return response.text[:500] or f"status {response.status_code}"
+        data = json.loads(body)
+    except ValueError:  # not JSON, not UTF-8, or cut off by the read cap
+        return {}
+    error = data.get("error") if isinstance(data, dict) else None
+    return error if isinstance(error, dict) else {}
+
+
+def _error_message(error: dict[str, Any], body: bytes, status: int) -> str:
+    message = error.get("message")
+    if isinstance(message, str) and message:
+        return _clean(message)[:500]
+    text = body[:2000].decode("utf-8", "replace").strip()
+    return _clean(text)[:500] or f"status {status}"
+
+
+def _refusal_code(error: dict[str, Any], message: str) -> tuple[str | None, str | None]:
+    """Our code and param for a provider's refusal: its own when they are ours to use."""
+    code = error.get("code")
+    param = error.get("param")
+    if code not in _RELAYED_400_CODES:
+        code = None
+        if "context length" in message.lower() or "context window" in message.lower():
+            code = "context_length_exceeded"
+    return code, _clean(param)[:200] if isinstance(param, str) and param else None
+
+
+def _clean(text: str) -> str:
+    """Provider text made safe to re-encode (a lone surrogate would break our answer)."""
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def upstream_body(request: HeadRequest, upstream_model: str) -> tuple[str, dict[str, Any]]:
@@ -172,54 +247,129 @@ def upstream_body(request: HeadRequest, upstream_model: str) -> tuple[str, dict[
         body["tools"] = first.tools
         if first.tool_choice is not None:
             body["tool_choice"] = first.tool_choice
-    if first.chat_template_kwargs:
-        body["chat_template_kwargs"] = first.chat_template_kwargs
+    kwargs = dict(first.chat_template_kwargs)
+    # Harmony grades (spec 4.1 rule 2) travel in the template for our own heads; an
+    # OpenAI-compatible provider reads them as the top-level field.
+    effort = kwargs.pop("reasoning_effort", None)
+    if effort is not None:
+        body["reasoning_effort"] = effort
+    if kwargs:
+        body["chat_template_kwargs"] = kwargs
     return "/chat/completions", body
 
 
+IMAGE_TOKEN_ESTIMATE = 1000
+"""Tokens reserved per image part before the provider counts (its base64 is not text)."""
+
+
 def estimate_prompt_tokens(prompts: list[PromptSpec]) -> int:
-    """About four characters per token: enough to reserve limits before the provider counts."""
-    size = sum(len(json.dumps(p.messages or p.prompt or "", ensure_ascii=False)) for p in prompts)
-    return max(1, size // 4)
+    """About four characters of text per token, plus a flat amount per image: enough
+    to reserve limits before the provider's own count settles them."""
+    chars = 0
+    images = 0
+    for prompt in prompts:
+        chars += len(prompt.prompt or "")
+        for message in prompt.messages or []:
+            content = message.get("content")
+            if isinstance(content, str):
+                chars += len(content)
+            elif isinstance(content, list):
+                for part in content:
+                    if isinstance(part, dict) and part.get("type") == "image_url":
+                        images += 1
+                    elif isinstance(part, dict):
+                        chars += len(str(part.get("text") or ""))
+    return max(1, chars // 4 + images * IMAGE_TOKEN_ESTIMATE)
 
 
-async def _events(response: httpx.Response) -> AsyncIterator[HeadEvent]:
-    """Provider SSE chunks -> head events; tool-call fragments are joined per call."""
+async def _events(response: httpx.Response, model_id: str) -> AsyncIterator[HeadEvent]:
+    """Provider SSE chunks -> head events; tool-call fragments are joined per call.
+
+    A provider that ignores ``stream: true`` and answers one JSON body is read as
+    a stream of one chunk. Anything else that is not the chunk format is the
+    provider's failure (502), never ours (500).
+    """
     tokens: dict[int, int] = {}
     calls: dict[tuple[int, int], dict[str, str]] = {}
     done: GenerationDone | None = None
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        data = line[len("data:") :].strip()
-        if data == "[DONE]":
-            break
-        chunk = json.loads(data)
-        if isinstance(chunk.get("error"), dict):
-            raise UpstreamError(f"The provider failed mid-stream: {chunk['error'].get('message')}")
-        if chunk.get("usage"):
+    media_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type == "application/json":
+        whole = await read_capped(response, _WHOLE_BODY_BYTES)
+        text = whole.decode("utf-8", "replace")
+        chunks: AsyncIterator[dict[str, Any]] = _single(_as_chunk(text, model_id))
+    else:
+        chunks = _sse_chunks(response, model_id)
+    async for chunk in chunks:
+        error = chunk.get("error")
+        if error is not None:
+            detail = error.get("message") if isinstance(error, dict) else error
+            raise UpstreamError(f"The provider failed mid-stream: {_clean(str(detail))[:500]}")
+        if isinstance(chunk.get("usage"), dict):
             done = _usage(chunk["usage"])
-        for choice in chunk.get("choices") or []:
-            delta = _delta(choice, tokens, calls)
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
+            delta = _delta(choice, tokens, calls) if isinstance(choice, dict) else None
             if delta is not None:
                 yield delta
     yield done or GenerationDone(prompt_tokens=0, completion_tokens=sum(tokens.values()))
 
 
+async def _sse_chunks(response: httpx.Response, model_id: str) -> AsyncIterator[dict[str, Any]]:
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue  # comments (": ping"), event names, blank separators
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            return
+        yield _as_chunk(data, model_id)
+
+
+async def _single(chunk: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    """A whole (non-streamed) completion as the one chunk it amounts to."""
+    choices = chunk.get("choices")
+    for choice in choices if isinstance(choices, list) else []:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if isinstance(message, dict) and "delta" not in choice:
+            calls = message.get("tool_calls")
+            if isinstance(calls, list):  # whole calls carry no index; number them in order
+                message["tool_calls"] = [
+                    {**call, "index": i} if isinstance(call, dict) else call
+                    for i, call in enumerate(calls)
+                ]
+            choice["delta"] = message
+    yield chunk
+
+
+def _as_chunk(data: str, model_id: str) -> dict[str, Any]:
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        raise UpstreamError(f"The provider of '{model_id}' sent a malformed event.") from None
+    if not isinstance(chunk, dict):
+        raise UpstreamError(f"The provider of '{model_id}' sent a malformed event.")
+    return chunk
+
+
 def _delta(
     choice: dict[str, Any], tokens: dict[int, int], calls: dict[tuple[int, int], dict[str, str]]
 ) -> TextDelta | None:
-    index = int(choice.get("index", 0))
-    delta = choice.get("delta") or {}
-    text = delta.get("content") or choice.get("text") or ""
-    reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
-    for part in delta.get("tool_calls") or []:
-        slot = calls.setdefault((index, int(part.get("index", 0))), {"name": "", "arguments": ""})
-        slot["id"] = part.get("id") or slot.get("id", "")
-        function = part.get("function") or {}
-        slot["name"] += function.get("name") or ""
-        slot["arguments"] += function.get("arguments") or ""
+    index = _index(choice.get("index"))
+    delta = choice.get("delta")
+    delta = delta if isinstance(delta, dict) else {}
+    text = _text(delta.get("content")) or _text(choice.get("text"))
+    reasoning = _text(delta.get("reasoning_content")) or _text(delta.get("reasoning"))
+    parts = delta.get("tool_calls")
+    for part in parts if isinstance(parts, list) else []:
+        if not isinstance(part, dict):
+            continue
+        slot = calls.setdefault((index, _index(part.get("index"))), {"name": "", "arguments": ""})
+        slot["id"] = _text(part.get("id")) or slot.get("id", "")
+        function = part.get("function")
+        function = function if isinstance(function, dict) else {}
+        slot["name"] += _text(function.get("name"))
+        slot["arguments"] += _text(function.get("arguments"))
     finish = choice.get("finish_reason")
+    finish = _text(finish) or None
     if text or reasoning:
         tokens[index] = tokens.get(index, 0) + 1
     if not (text or reasoning or finish):
@@ -239,12 +389,39 @@ def _delta(
     )
 
 
+def _index(value: Any) -> int:
+    """A choice or tool-call index; anything that is not a small non-negative int is 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _text(value: Any) -> str:
+    return _clean(value) if isinstance(value, str) else ""
+
+
+_MAX_COUNT = 2**31 - 1
+
+
+def _count(value: Any) -> int | None:
+    """A provider's token count, or None when it is not a number we can bill."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and math.isfinite(value):
+        value = int(value)
+    if not isinstance(value, int):
+        return None
+    return min(max(0, value), _MAX_COUNT)
+
+
 def _usage(usage: dict[str, Any]) -> GenerationDone:
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-    reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
+    prompt_details = usage.get("prompt_tokens_details")
+    completion_details = usage.get("completion_tokens_details")
+    cached = prompt_details.get("cached_tokens") if isinstance(prompt_details, dict) else None
+    reasoning = (
+        completion_details.get("reasoning_tokens") if isinstance(completion_details, dict) else None
+    )
     return GenerationDone(
-        prompt_tokens=int(usage.get("prompt_tokens", 0)),
-        completion_tokens=int(usage.get("completion_tokens", 0)),
-        cached_tokens=int(cached) if cached is not None else None,
-        reasoning_tokens=int(reasoning) if reasoning is not None else None,
+        prompt_tokens=_count(usage.get("prompt_tokens")) or 0,
+        completion_tokens=_count(usage.get("completion_tokens")) or 0,
+        cached_tokens=_count(cached),
+        reasoning_tokens=_count(reasoning),
     )

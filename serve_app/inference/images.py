@@ -18,7 +18,7 @@ import io
 import ipaddress
 import socket
 from dataclasses import dataclass
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import SplitResult, urljoin, urlsplit
 
 import httpx
 from PIL import Image, UnidentifiedImageError
@@ -107,7 +107,7 @@ class ImageFetcher:
         """A data URI for ``url`` (data: or http(s)), validated by bytes."""
         if url.startswith("data:"):
             return validate_image_bytes(decode_data_uri(url, param), param, self.policy)
-        scheme = urlsplit(url).scheme.lower()
+        scheme = _split(url, param)[0].scheme.lower()
         if scheme not in ("http", "https"):
             raise _invalid(param, "image URLs must be data:, http: or https:")
         self.fetched += 1
@@ -122,7 +122,8 @@ class ImageFetcher:
                 return await self._fetch_following(url, param)
         except TimeoutError:
             raise _invalid(param, "fetching the image timed out") from None
-        except httpx.HTTPError as err:
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as err:
+            # ValueError: a redirect to an unparseable Location, a host IDNA cannot encode.
             raise _invalid(
                 param, f"the image could not be fetched ({type(err).__name__})"
             ) from None
@@ -147,11 +148,11 @@ class ImageFetcher:
         self, client: httpx.AsyncClient, url: str, param: str
     ) -> bytes | str | None:
         """GET one hop on a vetted address; a redirect returns the next URL."""
-        parts = urlsplit(url)
+        parts, explicit_port = _split(url, param)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise _invalid(param, "image URLs must be http(s) with a host")
-        address = await self._public_address(parts.hostname, parts.port, parts.scheme, param)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        address = await self._public_address(parts.hostname, explicit_port, parts.scheme, param)
+        port = explicit_port or (443 if parts.scheme == "https" else 80)
         host_for_url = f"[{address}]" if ":" in address else address
         pinned = parts._replace(netloc=f"{host_for_url}:{port}").geturl()
         headers = {"Host": parts.netloc.rsplit("@", 1)[-1], "Accept": "image/*"}
@@ -184,16 +185,26 @@ class ImageFetcher:
             infos = await loop.getaddrinfo(
                 host, port or (443 if scheme == "https" else 80), type=socket.SOCK_STREAM
             )
-        except socket.gaierror:
-            raise _invalid(param, f"the image host '{host}' does not resolve") from None
+        except (socket.gaierror, UnicodeError, ValueError):
+            raise _invalid(param, "the image host does not resolve") from None
         addresses = [str(info[4][0]) for info in infos]
         if not addresses:
-            raise _invalid(param, f"the image host '{host}' does not resolve")
+            raise _invalid(param, "the image host does not resolve")
         if not self.policy.allow_private_hosts:
             for addr in addresses:
                 if not is_public_address(addr):
                     raise _invalid(param, "image URLs may not point at private addresses")
         return addresses[0]
+
+
+def _split(url: str, param: str) -> tuple[SplitResult, int | None]:
+    """The URL's parts and explicit port; an unparseable URL (``http://[::1``, a port
+    above 65535) is the caller's bad image, not a server error."""
+    try:
+        parts = urlsplit(url)
+        return parts, parts.port
+    except ValueError:
+        raise _invalid(param, "the image URL is malformed") from None
 
 
 def is_public_address(address: str) -> bool:

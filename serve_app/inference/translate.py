@@ -36,6 +36,24 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def reject_unencodable(body: SamplingFields) -> None:
+    """400 for text that is not valid Unicode (a lone UTF-16 surrogate escaped in JSON).
+
+    Checked first, on every chat and completion request, because such text would
+    otherwise reach a tokenizer (a 502 from the engine) or be echoed into a
+    response that cannot be encoded (a 500).
+    """
+    path = body.unencodable_field()
+    if path is not None:
+        raise InvalidRequestError(
+            "The request contains text that is not valid Unicode (an unpaired UTF-16 "
+            "surrogate escape such as \\ud800)"
+            + (f" in '{path}'." if path else " in a field name."),
+            code="invalid_value",
+            param=path or None,
+        )
+
+
 def _check_common(
     body: SamplingFields, model: CatalogModel, max_tokens: int | None, param: str
 ) -> None:
@@ -78,11 +96,17 @@ def _sampling(body: SamplingFields, extra: dict[str, Any]) -> SamplingSpec:
 def check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     """Client function tools are relayed as given (the chat template renders them);
     server tools are left out: the tool loop (``serve_app.tools``) validates and
-    offers them; any other type is a 400 naming ``tools``."""
+    offers them; any other type is a 400 naming ``tools``.
+
+    A function tool must at least carry ``function: {name: "..."}``: the chat
+    template, the Harmony ``strict`` rule and the tool loop all read that name,
+    and a malformed entry is the caller's mistake (400), not the engine's (502).
+    """
     functions: list[dict[str, Any]] = []
-    for tool in tools or []:
+    for index, tool in enumerate(tools or []):
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind == "function":
+            _check_function_tool(tool, f"tools[{index}].function")
             functions.append(tool)
         elif kind in SERVER_TOOL_TYPES:
             continue
@@ -96,19 +120,39 @@ def check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     return functions
 
 
+def _check_function_tool(tool: dict[str, Any], param: str) -> None:
+    function = tool.get("function")
+    if not isinstance(function, dict):
+        raise InvalidRequestError(
+            "A function tool needs a 'function' object: {name, description?, parameters?}.",
+            code="invalid_value",
+            param=param,
+        )
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequestError(
+            "A function tool needs a non-empty string 'name'.",
+            code="invalid_value",
+            param=f"{param}.name",
+        )
+
+
 def apply_harmony_strict(
     tools: list[dict[str, Any]], tool_choice: Any, model: CatalogModel
 ) -> list[dict[str, Any]]:
-    """Spec 4.1 rule 4: Harmony models get strict function tools unless opted out."""
+    """Spec 4.1 rule 4: Harmony models get strict function tools unless opted out.
+
+    ``tools`` are function tools already checked by ``check_tools``.
+    """
     if model.reasoning.format != "harmony" or not tools:
         return tools
     if tool_choice not in (None, "auto"):
         return tools
-    if any("strict" in (t.get("function") or {}) or "strict" in t for t in tools):
+    if any("strict" in t["function"] or "strict" in t for t in tools):
         return tools
     strict = copy.deepcopy(tools)
     for tool in strict:
-        tool.setdefault("function", {})["strict"] = True
+        tool["function"]["strict"] = True
     return strict
 
 
@@ -133,13 +177,15 @@ async def prepare_messages(
                             code="invalid_image",
                             param=param,
                         )
+                    # A broken image is named as such whatever the model (invalid_image);
+                    # only a good one on a text-only model is an unsupported input.
+                    uri = await fetcher.resolve(part.image_url.url, f"{param}.image_url")
                     if not accepts_images:
                         raise InvalidRequestError(
                             f"The model '{model.id}' does not accept image input.",
                             code="unsupported_parameter",
                             param=param,
                         )
-                    uri = await fetcher.resolve(part.image_url.url, f"{param}.image_url")
                     dumped["image_url"] = {**dumped["image_url"], "url": uri}
                 parts.append(dumped)
             data["content"] = parts
@@ -158,7 +204,13 @@ async def translate_chat(
         ignored.append("reasoning_effort")
     extra = body.relayed_extras()
     raw_kwargs = extra.pop("chat_template_kwargs", None)
-    template_kwargs: dict[str, Any] = dict(raw_kwargs) if isinstance(raw_kwargs, dict) else {}
+    if raw_kwargs is not None and not isinstance(raw_kwargs, dict):
+        raise InvalidRequestError(
+            "chat_template_kwargs must be an object.",
+            code="invalid_value",
+            param="chat_template_kwargs",
+        )
+    template_kwargs: dict[str, Any] = dict(raw_kwargs or {})
     template_kwargs.update(reasoning.chat_template_kwargs)
     if reasoning.relayed_effort is not None:
         template_kwargs["reasoning_effort"] = reasoning.relayed_effort

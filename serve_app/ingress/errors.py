@@ -25,6 +25,10 @@ from serve_app.protocol.errors import (
 
 logger = logging.getLogger(__name__)
 
+_BODY_PARSE_FAILED = "There was an error parsing the body"
+"""FastAPI's ``HTTPException`` detail when decoding a JSON body raised something other
+than ``JSONDecodeError`` (``UnicodeDecodeError``, ``RecursionError``)."""
+
 
 def error_response(err: GatewayError) -> JSONResponse:
     return JSONResponse(err.envelope(), status_code=err.status_code, headers=err.headers)
@@ -94,6 +98,14 @@ def install_error_handlers(app: FastAPI) -> None:
         elif exc.status_code == 405:
             err = MethodNotAllowedError(
                 f"Method {request.method} is not allowed on {request.url.path}."
+            )
+        elif exc.status_code == 400 and exc.detail == _BODY_PARSE_FAILED:
+            # FastAPI's answer to a body its JSON decoder failed on other than by a syntax
+            # error: bytes that are not UTF-8, or nesting deeper than the decoder allows.
+            err = InvalidRequestError(
+                "The request body could not be read as JSON (it must be UTF-8 text, "
+                "nested at most a few hundred levels deep).",
+                code="invalid_json",
             )
         else:
             err = GatewayError(str(exc.detail), status_code=exc.status_code)

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from serve_app.protocol.common import SamplingFields, Usage
+from serve_app.protocol.common import JsonInt, SamplingFields, Usage
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -44,7 +44,7 @@ class ChatCompletionRequest(SamplingFields):
     """Request body. Unknown fields are relayed to the engine (spec 4.1)."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: JsonInt | None = Field(default=None, ge=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     web_search_options: dict[str, Any] | None = None

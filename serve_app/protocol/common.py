@@ -2,7 +2,36 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator
+
+
+def _json_number(value: Any) -> Any:
+    """Refuse what pydantic's lax mode would coerce into a number: ``"5"`` and ``true``.
+
+    A JSON number written as ``2.0`` still counts as the integer 2 (lax mode
+    keeps refusing ``2.5``); only strings and booleans are refused, as the
+    official API does, so a request never runs with a value the caller did not
+    write as a number.
+    """
+    if isinstance(value, bool):
+        raise ValueError("expected a number, got a boolean")
+    if isinstance(value, str):
+        raise ValueError("expected a number, got a string")
+    return value
+
+
+JsonInt = Annotated[int, BeforeValidator(_json_number)]
+"""An integer sent as a JSON number (not a string, not a boolean)."""
+JsonFloat = Annotated[float, BeforeValidator(_json_number)]
+"""A number sent as a JSON number (not a string, not a boolean)."""
+JsonBool = Annotated[bool, Strict()]
+"""``true`` or ``false`` only: ``"yes"`` or ``1`` would otherwise switch streaming on."""
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
 
 
 class StreamOptions(BaseModel):
@@ -10,7 +39,7 @@ class StreamOptions(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    include_usage: bool = Field(default=False, description="Send a final usage chunk.")
+    include_usage: JsonBool = Field(default=False, description="Send a final usage chunk.")
 
 
 class PromptTokensDetails(BaseModel):
@@ -65,16 +94,18 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1, description="Catalog id of the model.")
-    stream: bool = Field(default=False, description="Answer as server-sent events.")
+    stream: JsonBool = Field(default=False, description="Answer as server-sent events.")
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1, description="Cap on generated tokens.")
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    n: int = Field(default=1, ge=1, le=16, description="Answers per prompt.")
+    max_tokens: JsonInt | None = Field(default=None, ge=1, description="Cap on generated tokens.")
+    temperature: JsonFloat | None = Field(default=None, ge=0, le=2)
+    top_p: JsonFloat | None = Field(default=None, gt=0, le=1)
+    n: JsonInt = Field(default=1, ge=1, le=16, description="Answers per prompt.")
     stop: str | list[str] | None = Field(default=None, description="Up to 4 stop sequences.")
-    seed: int | None = None
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    seed: JsonInt | None = Field(
+        default=None, ge=INT64_MIN, le=INT64_MAX, description="A signed 64-bit integer."
+    )
+    frequency_penalty: JsonFloat | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: JsonFloat | None = Field(default=None, ge=-2, le=2)
     user: str | None = Field(default=None, description="End-user id; accepted, not used.")
 
     @field_validator("stop")
@@ -95,3 +126,36 @@ class SamplingFields(BaseModel):
     def relayed_extras(self) -> dict[str, object]:
         """Fields outside the declared schema, as the client sent them."""
         return dict(self.model_extra or {})
+
+    def unencodable_field(self) -> str | None:
+        """The first string (value or key) that is not valid Unicode, as a ``param`` path
+        (``""`` for a broken top-level field name), or ``None`` when all text is valid.
+
+        JSON may escape half of a UTF-16 surrogate pair (``"\\ud800"``); Python
+        decodes it to a lone surrogate that no engine can encode and no response
+        can echo, so the route refuses it with a 400 naming the field.
+        """
+        return next(_unencodable_paths(self.model_dump(exclude_unset=True), ""), None)
+
+
+def _unencodable_paths(value: Any, path: str) -> Iterator[str]:
+    if isinstance(value, str):
+        if not value.isascii() and not _encodable(value):
+            yield path
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            child = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str) and not key.isascii() and not _encodable(key):
+                yield path  # "" when a top-level field name itself is broken
+            yield from _unencodable_paths(item, child)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _unencodable_paths(item, f"{path}[{index}]")
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -1,4 +1,4 @@
-"""``GET /v1/models`` (spec 4.12)."""
+"""``GET /v1/models`` (spec 4.12) and ``GET /v1/models/{id}`` (the SDK's ``models.retrieve``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from fastapi.responses import JSONResponse
 
 from serve_app.ingress.deps import InferenceCaller, State
 from serve_app.ingress.openapi import ERROR_RESPONSES
-from serve_app.protocol.models import ModelList
+from serve_app.protocol.errors import model_not_found
+from serve_app.protocol.models import ModelCard, ModelList
 
 router = APIRouter(prefix="/v1", tags=["models"])
 
@@ -21,3 +22,20 @@ router = APIRouter(prefix="/v1", tags=["models"])
 async def list_models(caller: InferenceCaller, state: State) -> JSONResponse:
     # exclude_none: absent keys stay absent (spec 2.2: "absent (not null)").
     return JSONResponse(state.catalog.model_list(caller).model_dump(exclude_none=True))
+
+
+@router.get(
+    "/models/{model_id:path}",
+    response_model=ModelCard,
+    responses=ERROR_RESPONSES,
+    summary="One model of the list (404 where the list does not show it)",
+)
+async def retrieve_model(model_id: str, caller: InferenceCaller, state: State) -> JSONResponse:
+    # Not in the contract's route table, but the OpenAI SDK's ``models.retrieve`` calls it;
+    # it answers exactly what the list shows this caller, so it reveals nothing more.
+    if not model_id.strip("/"):  # "/v1/models/": the list, as before this route existed
+        return await list_models(caller, state)
+    card = state.catalog.card_for(model_id, caller)
+    if card is None:
+        raise model_not_found(model_id)
+    return JSONResponse(card.model_dump(exclude_none=True))

@@ -14,7 +14,23 @@ from serve_app.protocol.errors import PermissionDeniedError
 
 router = APIRouter(prefix="/api", tags=["dashboard (session only)"])
 
-SESSION_ONLY_AREAS = ("keys", "orgs", "billing", "admin")
+# The spec names the kinds of operation (credentials, organization, billing, admin),
+# not their paths: the usual spellings of each are all refused the same way.
+SESSION_ONLY_AREAS = (
+    "keys",
+    "api-keys",
+    "api_keys",
+    "credentials",
+    "orgs",
+    "org",
+    "organizations",
+    "organization",
+    "members",
+    "users",
+    "billing",
+    "invoices",
+    "admin",
+)
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 

@@ -23,16 +23,12 @@ from serve_app.catalog.catalog import residency_routing
 from serve_app.catalog.config import CatalogModel
 from serve_app.inference.assemble import ChatChunker, Collected, chat_completion_body
 from serve_app.inference.metering import MeteredRequest, RequestMeta
-from serve_app.inference.text_service import (
-    IGNORED_PARAMS_HEADER,
-    RESIDENCY_HEADER,
-    MeteredStreamingResponse,
-    TextService,
-)
+from serve_app.inference.text_service import MeteredStreamingResponse, TextService
 from serve_app.inference.translate import translate_chat
 from serve_app.ingress.streaming import DONE_LINE, SSE_HEADERS, aclose_quietly, sse_data, sse_error
 from serve_app.protocol.chat import ChatCompletionRequest
 from serve_app.protocol.errors import GatewayError, InvalidRequestError, UpstreamError
+from serve_app.protocol.headers import RESIDENCY_HEADER, ignored_params_header
 from serve_app.tools.declarations import (
     build_plan,
     check_entitlements,
@@ -242,9 +238,7 @@ async def _with_routing(run: _ChatRun, model: CatalogModel) -> dict[str, Any]:
 
 def response_headers(ignored: list[str], model: CatalogModel) -> dict[str, str]:
     """``x-service-ignored-params`` and the residency header (shared with responses)."""
-    headers: dict[str, str] = {}
-    if ignored:
-        headers[IGNORED_PARAMS_HEADER] = ", ".join(sorted(set(ignored)))
+    headers = ignored_params_header(ignored)
     if model.is_external:
         headers[RESIDENCY_HEADER] = "external"
     return headers

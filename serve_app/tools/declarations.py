@@ -177,7 +177,8 @@ def check_entitlements(plan: ServerToolPlan, principal: Principal, model: Catalo
 def check_name_clash(functions: list[dict[str, Any]], plan: ServerToolPlan) -> None:
     """A client function may not shadow a declared server tool (the call would be ambiguous)."""
     for tool in functions:
-        name = (tool.get("function") or {}).get("name") or tool.get("name")
+        function = tool.get("function")  # shape checked later by translate.check_tools
+        name = (function.get("name") if isinstance(function, dict) else None) or tool.get("name")
         if name in plan.budgets:
             raise _bad(
                 f"A function tool may not be named '{name}' next to that server tool.", "tools"

@@ -164,6 +164,43 @@ def test_orgs_update_changes_flags(
     assert principal.external_providers_enabled and not principal.org_internal
 
 
+def test_targets_may_also_be_named_by_option(
+    capsys: pytest.CaptureFixture[str], settings: GatewaySettings, auth: AuthService
+) -> None:
+    """``users update --user U`` and ``orgs update --org O`` (the spelling of ``keys
+    create``) work like the positional forms; ``keys revoke --key K`` too."""
+    raw = create_key(capsys, settings, "--user", "alice", "--org", "acme")
+    code, out, _ = gateway(
+        capsys, settings, "users", "update", "--user", "alice", "--tpm", "99", "--web-fetch", "on"
+    )
+    assert code == 0 and "tpm=99" in out and "web_fetch=on" in out
+    code, out, _ = gateway(
+        capsys, settings, "orgs", "update", "--org", "acme", "--external-providers", "on"
+    )
+    assert code == 0 and "external_providers=on" in out
+    principal = who(auth, raw)
+    assert principal.user_limits.tpm == 99 and principal.external_providers_enabled
+    assert gateway(capsys, settings, "keys", "revoke", "--key", raw)[0] == 0
+    with pytest.raises(AuthenticationError, match="revoked"):
+        who(auth, raw)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["users", "update", "--rpm", "1"],
+        ["users", "update", "alice", "--user", "bob", "--rpm", "1"],
+        ["orgs", "update", "--internal", "on"],
+        ["keys", "revoke"],
+    ],
+)
+def test_missing_or_doubled_target_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], settings: GatewaySettings, argv: list[str]
+) -> None:
+    code, _, err = gateway(capsys, settings, *argv)
+    assert code == 2 and "usage:" in err
+
+
 def test_db_migrate_reports_what_it_did(
     capsys: pytest.CaptureFixture[str], settings: GatewaySettings
 ) -> None:

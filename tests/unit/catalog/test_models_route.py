@@ -75,3 +75,33 @@ def test_catalog_entries_are_strict() -> None:
         CatalogModel.model_validate({"id": "m", "head": "chat"})
     with pytest.raises(ValidationError):  # spot without its coefficient
         CatalogModel.model_validate({"id": "m", "head": "speech", "pricing": {"mode": "spot"}})
+
+
+async def test_retrieve_one_model_as_listed(gateway: GatewayHarness) -> None:
+    """``client.models.retrieve``: the card the list shows, or 404 where the list hides it."""
+    client = gateway.openai(gateway.keys["user"])
+    card = await client.models.retrieve("scripted-spot")
+    assert card.id == "scripted-spot" and card.object == "model"
+    listed = await _cards(gateway, gateway.keys["user"])
+    assert card.model_dump(exclude_unset=True) == listed["scripted-spot"]
+    async with gateway.client(gateway.keys["user"]) as http:
+        unknown = await http.get("/v1/models/no-such-model")
+        hidden = await http.get("/v1/models/external-chat")
+    async with gateway.client(gateway.keys["external"]) as http:
+        shown = await http.get("/v1/models/external-chat")
+        slash = await http.get("/v1/models/")
+    async with gateway.client() as http:
+        anonymous = await http.get("/v1/models/scripted-chat")
+    for resp in (unknown, hidden):
+        assert resp.status_code == 404
+        assert resp.json()["error"]["code"] == "model_not_found"
+        assert resp.json()["error"]["param"] == "model"
+    assert shown.status_code == 200 and "routing" in shown.json()
+    assert slash.status_code == 200 and slash.json()["object"] == "list"
+    assert anonymous.status_code == 401
+
+
+async def test_openai_sdk_lists_models(gateway: GatewayHarness) -> None:
+    client = gateway.openai(gateway.keys["external"])
+    ids = [model.id async for model in client.models.list()]
+    assert "external-chat" in ids and "scripted-chat" in ids

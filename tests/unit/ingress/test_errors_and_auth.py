@@ -50,9 +50,19 @@ async def test_scope_and_session_only(gateway: GatewayHarness) -> None:
     async with gateway.client(gateway.keys["user"]) as http:
         session = await http.post("/api/keys", json={})
         nested = await http.get("/api/billing/invoices")
+        spelled = [
+            await http.request(method, path)
+            for method, path in (
+                ("GET", "/api/api-keys"),
+                ("DELETE", "/api/credentials/key_1"),
+                ("PATCH", "/api/organizations/acme"),
+                ("GET", "/api/users/me"),
+                ("POST", "/api/admin/users"),
+            )
+        ]
     assert scope.status_code == 403
     _assert_envelope(scope.json(), "insufficient_scope")
-    for resp in (session, nested):
+    for resp in (session, nested, *spelled):
         assert resp.status_code == 403
         _assert_envelope(resp.json(), "session_required")
 
