@@ -73,6 +73,12 @@ class ExternalProvider(_Strict):
     """An OpenAI-compatible upstream outside the service's own fleet."""
 
     base_url: str = Field(description="Upstream base URL ending in /v1.")
+    base_url_env: str | None = Field(
+        default=None,
+        description="Environment variable that, when set and non-empty, replaces base_url "
+        "(one catalog for several environments; `gateway run` sets it for the loopback "
+        "provider so it follows --port).",
+    )
     api_key_env: str = Field(description="Environment variable holding the upstream key.")
     upstream_model: str = Field(description="Model name the upstream expects.")
     notice: str = Field(

@@ -16,12 +16,14 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from serve_app.cli import CommandError
+from serve_app.catalog.config import CatalogModel
+from serve_app.cli import CommandError, loopback
 from serve_app.config import REPO_ROOT, GatewayAppArgs
 from serve_app.settings import GatewaySettings
 
@@ -93,32 +95,39 @@ def load_serve_config(path: str) -> dict[str, Any]:
     return dict(data)
 
 
+def _catalog_models(serve_config: dict[str, Any]) -> Iterator[CatalogModel]:
+    """Every catalog model of the config's gateway applications."""
+    for app in serve_config["applications"]:
+        if str(app.get("import_path", "")).startswith("serve_app.builders"):
+            yield from GatewayAppArgs.model_validate(app.get("args") or {}).catalog
+
+
 def prepared_models(serve_config: dict[str, Any]) -> list[str]:
     """Names of packaged models (``model: prepared:NAME``) the config's heads load."""
-    names: list[str] = []
-    for app in serve_config["applications"]:
-        if not str(app.get("import_path", "")).startswith("serve_app.builders"):
-            continue
-        args = GatewayAppArgs.model_validate(app.get("args") or {})
-        for model in args.catalog:
-            ref = str(model.engine.config.get("model", ""))
-            if ref.startswith(PREPARED_PREFIX) and not model.is_external:
-                names.append(ref[len(PREPARED_PREFIX) :])
-    return sorted(set(names))
+    names: set[str] = set()
+    for model in _catalog_models(serve_config):
+        ref = str(model.engine.config.get("model", ""))
+        if ref.startswith(PREPARED_PREFIX) and not model.is_external:
+            names.add(ref[len(PREPARED_PREFIX) :])
+    return sorted(names)
 
 
 def tiny_video_models(serve_config: dict[str, Any]) -> list[tuple[str, str | None]]:
     """``(model, models_dir)`` of the video heads that load a locally built ``tiny:`` model."""
     found: set[tuple[str, str | None]] = set()
-    for app in serve_config["applications"]:
-        if not str(app.get("import_path", "")).startswith("serve_app.builders"):
-            continue
-        args = GatewayAppArgs.model_validate(app.get("args") or {})
-        for model in args.catalog:
-            ref = str(model.engine.config.get("model", ""))
-            if model.head == "video" and ref.startswith("tiny:"):
-                found.add((ref, model.engine.config.get("models_dir")))
+    for model in _catalog_models(serve_config):
+        ref = str(model.engine.config.get("model", ""))
+        if model.head == "video" and ref.startswith("tiny:"):
+            found.add((ref, model.engine.config.get("models_dir")))
     return sorted(found, key=lambda item: (item[0], item[1] or ""))
+
+
+def uses_loopback_provider(serve_config: dict[str, Any]) -> bool:
+    """Whether an external model of the config reads the loopback provider's key."""
+    return any(
+        model.external is not None and model.external.api_key_env == loopback.KEY_ENV
+        for model in _catalog_models(serve_config)
+    )
 
 
 def _run(args: argparse.Namespace, settings: GatewaySettings) -> int:
@@ -141,6 +150,10 @@ def _run(args: argparse.Namespace, settings: GatewaySettings) -> int:
     from serve_app.storage.db import Database
 
     Database.from_settings(settings).migrate()
+    if uses_loopback_provider(serve_config):
+        # Before Ray starts: replicas inherit the key and URL from this process.
+        _step(f"external stand-in: {loopback.LOOPBACK_ACCOUNT} on this gateway's own /v1")
+        loopback.prepare_loopback_provider(settings, args.host, args.port)
     stop = threading.Event()
     _start_ray(args)
     # After ray.init: Ray installs a native SIGTERM handler that aborts the

@@ -65,6 +65,12 @@ class ExternalHeadClient:
             timeout=httpx.Timeout(self.provider.timeout_s, connect=10.0)
         )
 
+    @property
+    def base_url(self) -> str:
+        """``base_url``, or the value of ``base_url_env`` where that is set."""
+        env = self.provider.base_url_env
+        return (self._environ.get(env) if env else None) or self.provider.base_url
+
     async def stream(self, request: HeadRequest) -> AsyncIterator[HeadEvent]:
         path, body = upstream_body(request, self.provider.upstream_model)
         yield HeadStarted(
@@ -98,7 +104,7 @@ class ExternalHeadClient:
     async def send(self, path: str, body: dict[str, Any]) -> httpx.Response:
         """POST with retries limited to the cases where nothing was generated."""
         headers = {"Authorization": f"Bearer {self._environ.get(self.provider.api_key_env, '')}"}
-        url = self.provider.base_url.rstrip("/") + path
+        url = self.base_url.rstrip("/") + path
         for attempt in range(len(_BACKOFF_S) + 1):
             last = attempt == len(_BACKOFF_S)
             try:

@@ -15,8 +15,12 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import yaml
 
 from serve_app.auth.accounts import AccountStore
+from serve_app.cli.loopback import BASE_URL_ENV as LOOPBACK_URL_ENV
+from serve_app.cli.loopback import KEY_ENV as LOOPBACK_KEY_ENV
+from serve_app.cli.loopback import prepare_loopback_provider
 from serve_app.config import REPO_ROOT
 from serve_app.settings import GatewaySettings
 from serve_app.storage.db import Database
@@ -78,10 +82,22 @@ def _catalog() -> list[dict[str, object]]:
             "engine": {"backend": "tests.fakes.scripted_engine:ScriptedEngine", "config": {}},
             "deployment": {"ray_actor_options": {"num_cpus": 0.5}},
         },
+        _loopback_entry(),
         *_audio_catalog(),
         *_video_catalog(),
         *dedicated_catalog(),
     ]
+
+
+LOOPBACK = "loopback/smollm2-135m-instruct"
+
+
+def _loopback_entry() -> dict[str, object]:
+    """The local catalog's external stand-in as shipped: its upstream is this gateway."""
+    catalog = yaml.safe_load((REPO_ROOT / "configs/catalog/local.yaml").read_text())
+    (entry,) = (m for m in catalog["models"] if m["id"] == LOOPBACK)
+    assert entry["external"]["upstream_model"] == SMOLLM
+    return dict(entry)
 
 
 PIPER = "piper-joe-tts"
@@ -168,6 +184,8 @@ def serve_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeStack
     key = store.create_key("e2e-user", "e2e-org")
 
     port = _free_port()
+    # As `gateway run` does: the external stand-in's key and URL, inherited by replicas.
+    prepare_loopback_provider(GatewaySettings(), "127.0.0.1", port)
     ray.init(num_cpus=4, resources=CAPACITY_RESOURCES, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     app = build_gateway_app(
@@ -179,3 +197,5 @@ def serve_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeStack
     finally:
         serve.shutdown()
         ray.shutdown()
+        for name in (LOOPBACK_KEY_ENV, LOOPBACK_URL_ENV):
+            os.environ.pop(name, None)

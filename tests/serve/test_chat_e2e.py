@@ -7,7 +7,7 @@ import json
 import openai
 import pytest
 
-from tests.serve.conftest import SMOLLM, ServeStack
+from tests.serve.conftest import LOOPBACK, SMOLLM, ServeStack
 
 pytestmark = pytest.mark.serve
 
@@ -129,3 +129,37 @@ def test_mid_stream_failure_through_ray(serve_stack: ServeStack) -> None:
     assert any('"upstream_error"' in e for e in events)
     assert events[-1] == "[DONE]"
     assert early.status_code == 502
+
+
+def test_external_model_through_the_loopback_provider(serve_stack: ServeStack) -> None:
+    """The shipped external stand-in: org switch, disclosure, and a real upstream answer."""
+    key = serve_stack.store.create_key("ext-e2e-user", "ext-e2e-org")
+    client = serve_stack.openai(key)
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    with pytest.raises(openai.PermissionDeniedError) as denied:
+        client.chat.completions.create(model=LOOPBACK, messages=question, max_tokens=4)
+    assert denied.value.code == "external_provider_not_enabled"
+    serve_stack.store.update_org("ext-e2e-org", external_providers=True)
+
+    raw = client.chat.completions.with_raw_response.create(
+        model=LOOPBACK, messages=question, max_tokens=12, temperature=0
+    )
+    assert raw.headers["x-service-residency"] == "external"
+    result = raw.parse()
+    assert "Paris" in (result.choices[0].message.content or "")
+    assert result.model == LOOPBACK
+    assert result.to_dict()["routing"]["region"] == "local"
+    assert result.usage is not None and 0 < result.usage.completion_tokens <= 12
+
+    stream = client.chat.completions.create(
+        model=LOOPBACK,
+        messages=question,
+        max_tokens=6,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = [chunk.to_dict() for chunk in stream]
+    text = "".join(c["delta"].get("content") or "" for x in chunks for c in x["choices"])
+    assert text.strip()
+    assert [x["routing"]["region"] for x in chunks if "routing" in x] == ["local"]
+    assert any(x.get("usage") for x in chunks)
