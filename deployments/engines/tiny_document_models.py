@@ -15,20 +15,18 @@ a finished build of the same recipe version is already there.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
-from deployments.engines.model_prep import (
-    _exclusive,
-    build_atomically,
-    default_models_dir,
-    is_prepared,
+from deployments.engines.tiny_models import (
+    TINY_PREFIX,
+    bpe_tokenizer,
+    ensure_tiny_model,
+    resolve_tiny_model,
 )
 
-logger = logging.getLogger(__name__)
+__all__ = ["TINY_KINDS", "TINY_PREFIX", "ensure_tiny", "resolve_tiny"]
 
-TINY_PREFIX = "tiny:"
 RECIPE_VERSION = "1"
 TINY_KINDS = ("table-transformer", "vision-encoder-decoder", "pix2struct")
 _CORPUS = [
@@ -41,49 +39,16 @@ _CORPUS = [
 
 def resolve_tiny(model: str, models_dir: Path | None = None) -> str:
     """A local folder for ``tiny:<kind>`` (built on first use); other ids pass through."""
-    if not model.startswith(TINY_PREFIX):
-        return model
-    kind = model.removeprefix(TINY_PREFIX)
-    if kind not in TINY_KINDS:
-        raise ValueError(f"unknown tiny model '{kind}'; known: {', '.join(TINY_KINDS)}")
-    target = (models_dir or default_models_dir()) / f"tiny-{kind}"
-    return str(ensure_tiny(kind, target))
+    return resolve_tiny_model(model, _BUILDERS, RECIPE_VERSION, models_dir)
 
 
 def ensure_tiny(kind: str, target: Path) -> Path:
     """Build the tiny ``kind`` model into ``target`` unless it is already there."""
-    marker = {"tiny": kind, "recipe": RECIPE_VERSION}
-    if is_prepared(target, marker):
-        return target
-    with _exclusive(target.with_name(f".{target.name}.lock")):
-        if not is_prepared(target, marker):
-            logger.info("building tiny random-weight %s model into %s", kind, target)
-            build_atomically(target, marker, _BUILDERS[kind])
-    return target
+    return ensure_tiny_model(kind, target, _BUILDERS[kind], RECIPE_VERSION)
 
 
 def _tokenizer(vocab_size: int = 160) -> Any:
-    """A byte-level BPE tokenizer trained on a few lines, wrapped for transformers."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    special = ["<pad>", "<s>", "</s>", "<unk>"]
-    raw = Tokenizer(models.BPE(unk_token="<unk>"))
-    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    raw.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=special,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    raw.train_from_iterator(_CORPUS, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=raw,
-        pad_token="<pad>",
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-    )
+    return bpe_tokenizer(_CORPUS, vocab_size, bos=True)
 
 
 def _build_table_transformer(out: Path) -> None:

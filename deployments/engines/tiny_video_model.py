@@ -24,20 +24,21 @@ same recipe is already there; each step is logged.
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
-from deployments.engines.model_prep import (
-    _exclusive,
-    build_atomically,
-    default_models_dir,
-    is_prepared,
+from deployments.engines.tiny_models import (
+    TINY_PREFIX,
+    bpe_tokenizer,
+    ensure_tiny_model,
+    is_tiny_reference,
+    resolve_tiny_model,
 )
 
 logger = logging.getLogger(__name__)
 
-TINY_PREFIX = "tiny:"
+__all__ = ["TINY_PREFIX", "ensure_tiny_video", "ensure_tiny_wan", "is_tiny_reference"]
+
 TINY_WAN = "wan"
 TINY_LTX = "ltx"
 RECIPE_VERSION = "1"
@@ -50,33 +51,14 @@ _CORPUS = [
 ]
 
 
-def is_tiny_reference(model: str) -> bool:
-    return model.startswith(TINY_PREFIX)
-
-
 def resolve_tiny_video(model: str, models_dir: Path | None = None) -> str:
     """A local folder for ``tiny:<kind>`` (built on first use); other values pass through."""
-    if not is_tiny_reference(model):
-        return model
-    kind = model.removeprefix(TINY_PREFIX)
-    if kind not in _BUILDERS:
-        raise ValueError(f"unknown tiny video model '{kind}'; known: {', '.join(_BUILDERS)}")
-    target = (models_dir or default_models_dir()) / f"tiny-{kind}"
-    return str(ensure_tiny_video(kind, target))
+    return resolve_tiny_model(model, _BUILDERS, RECIPE_VERSION, models_dir)
 
 
 def ensure_tiny_video(kind: str, target: Path) -> Path:
     """Build the tiny ``kind`` pipeline into ``target`` unless it is already there."""
-    marker = {"tiny": kind, "recipe": RECIPE_VERSION}
-    if is_prepared(target, marker):
-        return target
-    with _exclusive(target.with_name(f".{target.name}.lock")):
-        if not is_prepared(target, marker):
-            started = time.monotonic()
-            logger.info("building the tiny random-weight %s video pipeline into %s", kind, target)
-            build_atomically(target, marker, _BUILDERS[kind])
-            logger.info("tiny %s pipeline ready in %.1f s", kind, time.monotonic() - started)
-    return target
+    return ensure_tiny_model(kind, target, _BUILDERS[kind], RECIPE_VERSION)
 
 
 def ensure_tiny_wan(target: Path) -> Path:
@@ -85,22 +67,22 @@ def ensure_tiny_wan(target: Path) -> Path:
 
 
 def _tokenizer() -> Any:
-    """A byte-level BPE tokenizer trained on a few prompts, wrapped for transformers."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    return bpe_tokenizer(_CORPUS, 320, bos=False)
 
-    raw = Tokenizer(models.BPE(unk_token="<unk>"))
-    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    raw.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320,
-        special_tokens=["<pad>", "</s>", "<unk>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    raw.train_from_iterator(_CORPUS, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=raw, pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
-    )
+
+def _text_encoder_args(tokenizer: Any) -> dict[str, Any]:
+    """One small T5-family encoder config (UMT5 for Wan, T5 for LTX): 32 wide, one layer."""
+    return {
+        "vocab_size": len(tokenizer),
+        "d_model": 32,
+        "d_kv": 8,
+        "d_ff": 64,
+        "num_layers": 1,
+        "num_heads": 4,
+        "relative_attention_num_buckets": 8,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
 
 
 def _build_wan(out: Path) -> None:
@@ -117,19 +99,7 @@ def _build_wan(out: Path) -> None:
     logger.info("[1/%d] training the tokenizer", _STEPS)
     tokenizer = _tokenizer()
     logger.info("[2/%d] UMT5 text encoder (vocab %d)", _STEPS, len(tokenizer))
-    text_encoder = UMT5EncoderModel(
-        UMT5Config(
-            vocab_size=len(tokenizer),
-            d_model=32,
-            d_kv=8,
-            d_ff=64,
-            num_layers=1,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-    )
+    text_encoder = UMT5EncoderModel(UMT5Config(**_text_encoder_args(tokenizer)))
     logger.info("[3/%d] Wan transformer and VAE", _STEPS)
     # Spatial downscale 8 (three 2x stages) x patch 2 = blocks of 16 pixels; temporal 4.
     vae: Any = AutoencoderKLWan(
@@ -179,19 +149,7 @@ def _build_ltx(out: Path) -> None:
     logger.info("[1/%d] training the tokenizer", _STEPS)
     tokenizer = _tokenizer()
     logger.info("[2/%d] T5 text encoder (vocab %d)", _STEPS, len(tokenizer))
-    text_encoder = T5EncoderModel(
-        T5Config(
-            vocab_size=len(tokenizer),
-            d_model=32,
-            d_kv=8,
-            d_ff=64,
-            num_layers=1,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-    )
+    text_encoder = T5EncoderModel(T5Config(**_text_encoder_args(tokenizer)))
     logger.info("[3/%d] LTX transformer and VAE", _STEPS)
     # Patch 4 x three 2x stages = 32x spatial, three temporal stages = 8x: LTX-Video's ratios.
     vae: Any = AutoencoderKLLTXVideo(

@@ -1,0 +1,88 @@
+"""What the locally built tiny random-weight models share: the folder and the tokenizer.
+
+``tiny:<kind>`` in an engine config names ``<models_dir>/tiny-<kind>``, built on
+first use by one builder per kind (``tiny_document_models``,
+``tiny_video_model``). Builds are atomic and locked
+(``model_prep.build_atomically``) and skipped when a finished build of the same
+recipe version is there, so replicas starting together build once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from deployments.engines.model_prep import (
+    _exclusive,
+    build_atomically,
+    default_models_dir,
+    is_prepared,
+)
+
+logger = logging.getLogger(__name__)
+
+TINY_PREFIX = "tiny:"
+
+Builder = Callable[[Path], None]
+
+
+def is_tiny_reference(model: str) -> bool:
+    return model.startswith(TINY_PREFIX)
+
+
+def resolve_tiny_model(
+    model: str,
+    builders: Mapping[str, Builder],
+    recipe: str,
+    models_dir: Path | None = None,
+) -> str:
+    """A local folder for ``tiny:<kind>`` (built on first use); other values pass through."""
+    if not is_tiny_reference(model):
+        return model
+    kind = model.removeprefix(TINY_PREFIX)
+    if kind not in builders:
+        raise ValueError(f"unknown tiny model '{kind}'; known: {', '.join(builders)}")
+    target = (models_dir or default_models_dir()) / f"tiny-{kind}"
+    return str(ensure_tiny_model(kind, target, builders[kind], recipe))
+
+
+def ensure_tiny_model(kind: str, target: Path, builder: Builder, recipe: str) -> Path:
+    """Build ``kind`` into ``target`` with ``builder`` unless recipe ``recipe`` is there."""
+    marker = {"tiny": kind, "recipe": recipe}
+    if is_prepared(target, marker):
+        return target
+    with _exclusive(target.with_name(f".{target.name}.lock")):
+        if not is_prepared(target, marker):
+            started = time.monotonic()
+            logger.info("building the tiny random-weight %s model into %s", kind, target)
+            build_atomically(target, marker, builder)
+            logger.info("tiny %s model ready in %.1f s", kind, time.monotonic() - started)
+    return target
+
+
+def bpe_tokenizer(corpus: Sequence[str], vocab_size: int, *, bos: bool) -> Any:
+    """A byte-level BPE tokenizer trained on ``corpus``, wrapped for transformers.
+
+    ``<pad>``, ``</s>`` and ``<unk>`` always, ``<s>`` with ``bos`` (encoder-decoder
+    models that start generation from it).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    special = ["<pad>", "<s>", "</s>", "<unk>"] if bos else ["<pad>", "</s>", "<unk>"]
+    raw = Tokenizer(models.BPE(unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    raw.train_from_iterator(list(corpus), trainer=trainer)
+    tokens: dict[str, str] = {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}
+    if bos:
+        tokens["bos_token"] = "<s>"
+    return PreTrainedTokenizerFast(tokenizer_object=raw, **tokens)
