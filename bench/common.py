@@ -96,6 +96,23 @@ async def sequential(call: Call, n: int) -> Series:
     return series
 
 
+async def interleaved(calls: dict[str, Call], n: int) -> dict[str, Series]:
+    """``n`` sequential calls of each path, taken in turns (a, b, c, a, b, c, ...).
+
+    On a shared 2-core box the machine's speed drifts during a run (engine
+    warm-up, background daemons); measuring one path after the other charges
+    that drift to whichever path ran first, turns do not.
+    """
+    runs = {name: Series() for name in calls}
+    for _ in range(n):
+        for name, call in calls.items():
+            latency, ttft, tokens = await call()
+            runs[name].latency.append(latency)
+            runs[name].ttft.append(ttft)
+            runs[name].tokens += tokens
+    return runs
+
+
 async def concurrent(call: Call, n: int, concurrency: int) -> tuple[float, float]:
     """(requests per second, completion tokens per second) with ``concurrency`` in flight."""
     sem = asyncio.Semaphore(concurrency)

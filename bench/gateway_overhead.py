@@ -38,8 +38,8 @@ from bench.common import (
     chat_once,
     concurrent,
     free_port,
+    interleaved,
     pct,
-    sequential,
 )
 from deployments.engines.base import GenerationDone, PromptSpec, SamplingSpec, TextDelta
 from deployments.head_protocol import HeadRequest
@@ -103,11 +103,12 @@ async def _measure(handle: Any, base_url: str, key: str, args: argparse.Namespac
         for _ in range(3):  # warm both paths
             await bare()
             await gateway(True)()
-        runs = {
-            "bare (handle)": await sequential(bare, args.requests),
-            "gateway stream": await sequential(gateway(True), args.requests),
-            "gateway json": await sequential(gateway(False), args.requests),
+        paths = {
+            "bare (handle)": bare,
+            "gateway stream": gateway(True),
+            "gateway json": gateway(False),
         }
+        runs = await interleaved(paths, args.requests)
         bare_rps, _ = await concurrent(bare, args.requests * 2, args.concurrency)
         gw_rps, _ = await concurrent(gateway(False), args.requests * 2, args.concurrency)
     _report(runs, bare_rps, gw_rps, args)
