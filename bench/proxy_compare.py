@@ -23,7 +23,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -200,14 +199,26 @@ def main() -> None:
             )
             url = f"http://127.0.0.1:{litellm_port}"
             results["litellm"] = asyncio.run(measure("litellm", url, LITELLM_KEY, args))
+        # The bare server and LiteLLM go first: idle, they still take CPU time on a 2-core
+        # box, which would be charged to the gateway measured after them.
+        _stop(procs)
         key = start_gateway(gateway_port, str(work))
         url = f"http://127.0.0.1:{gateway_port}"
         results["gateway"] = asyncio.run(measure("gateway", url, key, args))
     finally:
-        for proc in procs:
-            proc.terminate()
-        time.sleep(1)
+        _stop(procs)
     report(results, args)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    procs.clear()
 
 
 if __name__ == "__main__":
