@@ -184,7 +184,10 @@ def serve_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeStack
     key = store.create_key("e2e-user", "e2e-org")
 
     port = _free_port()
-    # As `gateway run` does: the external stand-in's key and URL, inherited by replicas.
+    # As `gateway run` does: the external stand-in's key and URL, inherited by replicas
+    # (this stack's own: values left by anything earlier in the session are dropped).
+    for name in (LOOPBACK_KEY_ENV, LOOPBACK_URL_ENV):
+        os.environ.pop(name, None)
     prepare_loopback_provider(GatewaySettings(), "127.0.0.1", port)
     ray.init(num_cpus=4, resources=CAPACITY_RESOURCES, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})

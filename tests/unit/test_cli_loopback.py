@@ -61,8 +61,11 @@ def test_a_revoked_or_foreign_key_is_replaced(settings: GatewaySettings) -> None
 def test_prepare_exports_key_and_url_but_keeps_what_the_caller_set(
     settings: GatewaySettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(loopback.KEY_ENV, raising=False)
-    monkeypatch.delenv(loopback.BASE_URL_ENV, raising=False)
+    for name in (loopback.KEY_ENV, loopback.BASE_URL_ENV):
+        # setenv first: delenv of an absent variable records nothing to restore, and the
+        # value prepare_loopback_provider sets would leak into later tests.
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     loopback.prepare_loopback_provider(settings, "0.0.0.0", 9123)
     assert os.environ[loopback.BASE_URL_ENV] == "http://127.0.0.1:9123/v1"
     assert _principal_user(settings, os.environ[loopback.KEY_ENV]) == loopback.LOOPBACK_ACCOUNT
