@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from serve_app.limits.buckets import BucketSpec, CounterStore, Denial, Ticket
 from serve_app.limits.memory import InProcessCounterStore
 from serve_app.limits.redis_store import RedisCounterStore
-from tests.fixtures.gateway import build_harness, start_heads
+from tests.fixtures.gateway import build_harness, chat_burst, start_heads
 
 REPLICAS = 4
 
@@ -162,13 +162,7 @@ async def apps_run(url: str, prefix: str, limit: int) -> int:
                 await start_heads(app)
             key = apps[0].store.create_key("bench-user", "bench-org")
             apps[0].store.update_user("bench-user", rpm=limit)
-            body = {"model": "scripted-chat", "messages": [{"role": "user", "content": "hi"}]}
-
-            async def call(i: int) -> int:
-                async with apps[i % REPLICAS].client(key) as http:
-                    return (await http.post("/v1/chat/completions", json=body)).status_code
-
-            codes = await asyncio.gather(*(call(i) for i in range(12 * limit)))
+            codes = await chat_burst(apps, key, 12 * limit)
         finally:
             for app in apps:
                 await app.aclose()

@@ -14,7 +14,7 @@ from pathlib import Path
 from serve_app.billing.store import LedgerStore
 from serve_app.limits.buckets import BucketSpec, Denial, Ticket
 from serve_app.limits.redis_store import RedisCounterStore
-from tests.fixtures.gateway import build_harness, start_heads
+from tests.fixtures.gateway import build_harness, chat_burst, start_heads
 from tests.fixtures.limits import StoreFactory
 
 REPLICAS = 4
@@ -103,13 +103,7 @@ async def test_four_gateway_apps_admit_n_per_minute_over_http(
             await start_heads(harness)
         key = replicas[0].store.create_key("alice", "acme")
         replicas[0].store.update_user("alice", rpm=limit)
-        body = {"model": "scripted-chat", "messages": [{"role": "user", "content": "hi"}]}
-
-        async def call(i: int) -> int:
-            async with replicas[i % REPLICAS].client(key) as http:
-                return (await http.post("/v1/chat/completions", json=body)).status_code
-
-        codes = await asyncio.gather(*(call(i) for i in range(REPLICAS * 10)))
+        codes = await chat_burst(replicas, key, REPLICAS * 10)
         assert sorted(codes) == [200] * limit + [429] * (REPLICAS * 10 - limit)
         ledger = replicas[0].metering.ledger
         assert ledger is not None
