@@ -33,6 +33,7 @@ from deployments.engines.document_base import (
     ParseEngineInfo,
     ParseOptions,
     Region,
+    too_many_pixels,
 )
 from deployments.head_protocol import HeadFailure
 from deployments.replica_logging import configure_replica_logging
@@ -75,15 +76,6 @@ def decode_image(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image
             code="invalid_image",
             param="image",
         ) from None
-
-
-def too_many_pixels(width: int | None, height: int | None, limit: int) -> InvalidRequestError:
-    size = f"{width} x {height} pixels" if width and height else "too many pixels"
-    return InvalidRequestError(
-        f"Invalid image: it is {size}; at most {limit:,} pixels are accepted.",
-        code="invalid_image",
-        param="image",
-    )
 
 
 def inside(regions: list[Region], width: int, height: int) -> list[Region]:

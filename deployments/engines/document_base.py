@@ -26,12 +26,26 @@ import abc
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from serve_app.protocol.errors import InvalidRequestError
+
 if TYPE_CHECKING:
     from PIL import Image
 
 MAX_IMAGE_PIXELS = 40_000_000
 """Largest decoded image (width x height) a document head accepts: an A4 page at 600 dpi
 (35 M) fits, while a few kilobytes of PNG cannot expand into gigabytes of RGB."""
+
+
+def too_many_pixels(width: int | None, height: int | None, limit: int) -> InvalidRequestError:
+    """The 400 for an image over the pixel bound: one wording for the gateway's check on
+    the header and the head's own check before it decodes."""
+    size = f"{width} x {height} pixels" if width and height else "too many pixels"
+    return InvalidRequestError(
+        f"Invalid image: it is {size}; at most {limit:,} pixels are accepted.",
+        code="invalid_image",
+        param="image",
+    )
+
 
 ParseField = Literal["text", "table", "tables", "output"]
 """Spec 2.12: a parse result carries exactly one of these, fixed per head."""

@@ -23,14 +23,13 @@ from typing import Any, TypeVar
 
 from fastapi.responses import JSONResponse
 
-from deployments.document_head import too_many_pixels
 from deployments.document_protocol import (
     DetectHeadRequest,
     DetectHeadResult,
     ParseHeadRequest,
     ParseHeadResult,
 )
-from deployments.engines.document_base import MAX_IMAGE_PIXELS
+from deployments.engines.document_base import MAX_IMAGE_PIXELS, too_many_pixels
 from deployments.head_protocol import HeadFailure
 from serve_app.auth.principal import Principal
 from serve_app.billing.records import UsageQuantities
