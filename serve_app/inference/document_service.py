@@ -36,7 +36,7 @@ from serve_app.billing.records import UsageQuantities
 from serve_app.catalog.catalog import Catalog
 from serve_app.catalog.config import CatalogModel
 from serve_app.inference.document_client import DocumentClient
-from serve_app.inference.images import ImagePolicy, validate_image_bytes
+from serve_app.inference.images import ImagePolicy, check_image_bytes
 from serve_app.inference.metering import Metering, RequestMeta
 from serve_app.inference.readiness import HeadReadiness
 from serve_app.inference.translate import new_request_id
@@ -171,7 +171,7 @@ class DocumentService:
             raise too_many_pixels(None, None, limit)
         if size[0] * size[1] > limit:
             raise too_many_pixels(size[0], size[1], limit)
-        validate_image_bytes(data, "image", self.images)
+        check_image_bytes(data, "image", self.images)
         return data, size
 
     def _ready(self, model: CatalogModel) -> DocumentClient:
@@ -245,7 +245,7 @@ def _image_size(data: bytes) -> tuple[int, int] | None:
                 return int(width), int(height)
     except Image.DecompressionBombError:
         return None
-    except Exception:  # unreadable: validate_image_bytes says why
+    except Exception:  # unreadable: check_image_bytes says why
         return 0, 0
 
 

@@ -65,6 +65,15 @@ def sniff_format(data: bytes) -> str | None:
 
 def validate_image_bytes(data: bytes, param: str, policy: ImagePolicy) -> str:
     """Return a normalized data URI, or raise ``invalid_image`` naming ``param``."""
+    fmt = check_image_bytes(data, param, policy)
+    return f"data:image/{fmt};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def check_image_bytes(data: bytes, param: str, policy: ImagePolicy) -> str:
+    """The format of an accepted image, or ``invalid_image`` naming ``param``.
+
+    For callers that keep the bytes (document routes): no data URI is encoded.
+    """
     if not data:
         raise _invalid(param, "the image is empty")
     if len(data) > policy.max_bytes:
@@ -81,7 +90,7 @@ def validate_image_bytes(data: bytes, param: str, policy: ImagePolicy) -> str:
         raise
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError):
         raise _invalid(param, "the image is corrupt or truncated") from None
-    return f"data:image/{fmt};base64,{base64.b64encode(data).decode('ascii')}"
+    return fmt
 
 
 def decode_data_uri(uri: str, param: str) -> bytes:
