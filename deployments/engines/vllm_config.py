@@ -95,6 +95,32 @@ class VLLMEngineConfig(BaseModel):
             "counted as reasoning tokens; 'none': all output is answer text."
         ),
     )
+    tool_call_parser: str | None = Field(
+        default=None,
+        description=(
+            "vLLM tool-call parser name (e.g. 'hermes', 'openai', 'llama3_json', or one "
+            "registered by tool_parser_plugin). Set: the head honours tools/tool_choice auto; "
+            "unset: tools are refused or named in x-service-ignored-params."
+        ),
+    )
+    tool_parser_plugin: str | None = Field(
+        default=None,
+        description=(
+            "Python module imported before the engine starts so that it can register a "
+            "tool parser with vLLM's ToolParserManager (e.g. deployments.engines.tool_parsers)."
+        ),
+    )
+    reasoning_parser: str | None = Field(
+        default=None,
+        description=(
+            "vLLM reasoning parser name (e.g. 'qwen3', 'deepseek_r1', 'openai_gptoss'): "
+            "reasoning is streamed on its own channel and counted as reasoning tokens."
+        ),
+    )
+    chat_template: str | None = Field(
+        default=None,
+        description="Chat template file or inline Jinja; None uses the tokenizer's own.",
+    )
     engine_metrics: bool = Field(
         default=True,
         description=(

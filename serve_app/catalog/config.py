@@ -150,7 +150,14 @@ class CatalogModel(_Strict):
     external: ExternalProvider | None = Field(
         default=None, description="Served by a third party; listed only to enabled orgs."
     )
-    tier: str | None = None
+    tier: str | None = Field(
+        default=None,
+        description="Service tier; 'demo' marks random-weight stand-ins whose output means nothing.",
+    )
+    notice: str | None = Field(
+        default=None,
+        description="Published with the model card: what a user must know (e.g. demo weights).",
+    )
     kind: str | None = None
     attribution: str | None = None
     dedicated_eligible: bool = Field(default=True, description="May back a dedicated endpoint.")
