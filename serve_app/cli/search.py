@@ -17,14 +17,8 @@ from typing import Any
 
 from serve_app.cli import CommandError
 from serve_app.settings import GatewaySettings
-from serve_app.tools.local_search import (
-    LocalSearchIndex,
-    Page,
-    PageError,
-    check_base_url,
-    default_index_path,
-    load_pages,
-)
+from serve_app.tools.local_pages import Document, PageError, check_base_url, load_documents
+from serve_app.tools.local_search import LocalSearchIndex, default_index_path
 from serve_app.tools.search import SearchError
 
 _SubParsers = Any  # argparse's _SubParsersAction is private and generic
@@ -65,7 +59,9 @@ def register(subparsers: _SubParsers) -> None:
         "files skipped). Each page needs an http(s) URL, the one a citation shows and "
         "web_fetch opens: its own <link rel=canonical> / og:url (HTML) or url: / "
         "canonical_url: front matter (Markdown), else BASE_URL + its path. Pages with neither "
-        "are skipped. Re-indexing updates changed pages (by URL) and leaves the rest.",
+        "are skipped. Markdown is indexed per section (level-1/2 headings) under URL#anchor "
+        "(GitHub's anchors). Re-indexing updates changed pages (by URL), drops sections a "
+        "page no longer has, and leaves other pages alone.",
     )
     index.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="file or folder")
     index.add_argument(
@@ -115,7 +111,8 @@ def register(subparsers: _SubParsers) -> None:
         "remove",
         parents=[where],
         help="remove pages by URL",
-        description="Remove the pages with these exact URLs from the index.",
+        description="Remove pages from the index: a page URL removes all its sections, a "
+        "section URL (with #anchor) that section only.",
     )
     remove.add_argument("urls", nargs="+", metavar="URL", help="page URL")
     remove.set_defaults(handler=_remove)
@@ -144,22 +141,29 @@ def _index(args: argparse.Namespace, settings: GatewaySettings) -> int:
     print(f"indexing into {index.path}", file=sys.stderr, flush=True)
     seen = 0
 
-    def progress(outcome: str, page: Page | PageError) -> None:
+    def progress(outcome: str, document: Document | PageError) -> None:
         nonlocal seen
         seen += 1
         if args.quiet:
             return
-        if isinstance(page, PageError):
-            print(f"[{seen}] skipped    {page}", file=sys.stderr, flush=True)
-        else:
-            print(f"[{seen}] {outcome:<10} {page.url}  ({page.source})", file=sys.stderr)
+        if isinstance(document, PageError):
+            print(f"[{seen}] skipped    {document}", file=sys.stderr, flush=True)
+            return
+        parts = len(document.sections)
+        print(
+            f"[{seen}] {outcome:<10} {document.url}  ({document.source}, "
+            f"{parts} section{'s' if parts > 1 else ''})",
+            file=sys.stderr,
+            flush=True,
+        )
 
-    pages = load_pages(args.paths, base_url=base_url, root=args.root)
-    report = index.add_pages(pages, replace=args.replace, progress=progress)
+    documents = load_documents(args.paths, base_url=base_url, root=args.root)
+    report = index.add_documents(documents, replace=args.replace, progress=progress)
     stats = index.stats()
     print(
-        f"{report.added} added, {report.updated} updated, {report.unchanged} unchanged, "
-        f"{report.skipped} skipped; the index holds {stats.pages} pages"
+        f"files: {report.added} added, {report.updated} updated, {report.unchanged} "
+        f"unchanged, {report.skipped} skipped; the index holds {stats.pages} pages "
+        f"({stats.sections} sections)"
     )
     if report.skipped and base_url is None:
         print("hint: pages without their own URL need --base-url", file=sys.stderr)
@@ -194,7 +198,8 @@ def _stats(args: argparse.Namespace, settings: GatewaySettings) -> int:
     )
     print(f"index:        {stats.path}")
     print(f"pages:        {stats.pages}")
-    print(f"text:         {stats.bytes} characters")
+    print(f"sections:     {stats.sections}")
+    print(f"text:         {stats.chars} characters")
     print(f"last change:  {last}")
     return 0
 
@@ -204,5 +209,5 @@ def _remove(args: argparse.Namespace, settings: GatewaySettings) -> int:
     if not index.path.is_file():
         raise CommandError(f"no index at {index.path}")
     removed = index.remove(args.urls)
-    print(f"{removed} of {len(args.urls)} pages removed")
-    return 0 if removed == len(args.urls) else 1
+    print(f"{removed} sections removed")
+    return 0 if removed else 1
