@@ -56,9 +56,10 @@ class Section:
 
 @dataclass(frozen=True)
 class Document:
-    """One file: its page URL and its sections, in reading order."""
+    """One file: its page URL and title, and its sections in reading order."""
 
     url: str
+    title: str
     source: str
     sections: list[Section]
 
@@ -198,7 +199,7 @@ def _markdown_document(raw: str, path: Path, fallback_url: str | None) -> Docume
         anchor = github_anchor(heading, anchors)
         section_title = f"{title} — {heading}"[:MAX_TITLE_CHARS]
         sections.append(Section(f"{url.split('#', 1)[0]}#{anchor}", section_title, text))
-    return Document(url, str(path), sections)
+    return Document(url, title, str(path), sections)
 
 
 def read_document(path: Path, relative: str, base_url: str | None) -> Document:
@@ -224,7 +225,7 @@ def read_document(path: Path, relative: str, base_url: str | None) -> Document:
         if url is None:
             raise PageError("no URL: the page names none and no base URL was given")
         title = (title or path.name)[:MAX_TITLE_CHARS]
-        document = Document(url, str(path), [Section(url, title, text)] if text else [])
+        document = Document(url, title, str(path), [Section(url, title, text)] if text else [])
     if not document.sections:
         raise PageError("no text")
     return document

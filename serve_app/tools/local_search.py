@@ -52,6 +52,7 @@ _SCHEMA = (
         id INTEGER PRIMARY KEY,
         url TEXT NOT NULL UNIQUE,
         page_url TEXT NOT NULL,
+        page_title TEXT NOT NULL,
         position INTEGER NOT NULL,
         title TEXT NOT NULL,
         body TEXT NOT NULL,
@@ -229,22 +230,23 @@ class LocalSearchIndex:
         for position, section in enumerate(document.sections):
             sha = section.sha256()
             values = (
-                document.url, position, section.title, section.text, document.source, sha, now,
+                document.url, document.title, position, section.title, section.text,
+                document.source, sha, now,
             )  # fmt: skip
             if section.url not in old:
                 # The URL may belong to another file's section (two files claiming one
                 # canonical URL): the file indexed last wins.
                 conn.execute("DELETE FROM pages WHERE url = ?", (section.url,))
                 conn.execute(
-                    "INSERT INTO pages (page_url, position, title, body, source, sha256, "
-                    "indexed_at, url) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO pages (page_url, page_title, position, title, body, source, "
+                    "sha256, indexed_at, url) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (*values, section.url),
                 )
                 changed = True
             elif old.pop(section.url) != sha:
                 conn.execute(
-                    "UPDATE pages SET page_url = ?, position = ?, title = ?, body = ?, "
-                    "source = ?, sha256 = ?, indexed_at = ? WHERE url = ?",
+                    "UPDATE pages SET page_url = ?, page_title = ?, position = ?, title = ?, "
+                    "body = ?, source = ?, sha256 = ?, indexed_at = ? WHERE url = ?",
                     (*values, section.url),
                 )
                 changed = True
@@ -323,11 +325,10 @@ class LocalSearchIndex:
         if conn is None:
             return None
         try:
+            whole = "page_url = ? ORDER BY position"
             rows = (
-                conn.execute("SELECT title, body FROM pages WHERE url = ?", (url,)).fetchall()
-                or conn.execute(
-                    "SELECT title, body FROM pages WHERE page_url = ? ORDER BY position", (url,)
-                ).fetchall()
+                conn.execute(f"SELECT page_title, body FROM pages WHERE {whole}", (url,)).fetchall()
+                or conn.execute("SELECT title, body FROM pages WHERE url = ?", (url,)).fetchall()
             )
         except sqlite3.DatabaseError:
             return None
@@ -335,7 +336,7 @@ class LocalSearchIndex:
             conn.close()
         if not rows:
             return None
-        return rows[0][0].split(" — ", 1)[0], "\n\n".join(body for _, body in rows)
+        return rows[0][0], "\n\n".join(body for _, body in rows)
 
     def stats(self) -> IndexStats:
         conn = self._connect_ro()
