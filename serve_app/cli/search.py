@@ -10,7 +10,10 @@ the gateway runs, to check what the model will see.
 from __future__ import annotations
 
 import argparse
+import functools
+import sqlite3
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -83,7 +86,7 @@ def register(subparsers: _SubParsers) -> None:
         "--replace", action="store_true", help="empty the index first (a full rebuild)"
     )
     index.add_argument("-q", "--quiet", action="store_true", help="no line per page")
-    index.set_defaults(handler=_index)
+    index.set_defaults(handler=_index_errors(_index))
 
     query = commands.add_parser(
         "query",
@@ -96,7 +99,7 @@ def register(subparsers: _SubParsers) -> None:
     query.add_argument(
         "-n", "--count", type=int, default=5, metavar="N", help="results (default 5)"
     )
-    query.set_defaults(handler=_query)
+    query.set_defaults(handler=_index_errors(_query))
 
     stats = commands.add_parser(
         "stats",
@@ -105,7 +108,7 @@ def register(subparsers: _SubParsers) -> None:
         description="Print the index file, its page count, indexed text size and when a page "
         "was last added or changed.",
     )
-    stats.set_defaults(handler=_stats)
+    stats.set_defaults(handler=_index_errors(_stats))
 
     remove = commands.add_parser(
         "remove",
@@ -115,7 +118,25 @@ def register(subparsers: _SubParsers) -> None:
         "section URL (with #anchor) that section only.",
     )
     remove.add_argument("urls", nargs="+", metavar="URL", help="page URL")
-    remove.set_defaults(handler=_remove)
+    remove.set_defaults(handler=_index_errors(_remove))
+
+
+_Handler = Callable[[argparse.Namespace, GatewaySettings], int]
+
+
+def _index_errors(handler: _Handler) -> _Handler:
+    """A file SQLite cannot use (permissions, not a database) is the user's to fix."""
+
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace, settings: GatewaySettings) -> int:
+        try:
+            return handler(args, settings)
+        except sqlite3.Error as err:
+            raise CommandError(f"search index: {err}") from None
+        except SearchError as err:
+            raise CommandError(str(err)) from None
+
+    return run
 
 
 def _index_of(args: argparse.Namespace, settings: GatewaySettings) -> LocalSearchIndex:

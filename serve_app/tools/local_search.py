@@ -43,9 +43,12 @@ _TITLE_WEIGHT, _BODY_WEIGHT = 5.0, 1.0
 _SNIPPET_TOKENS = 40  # FTS5 allows at most 64
 _TERM = re.compile(r"\w+", re.UNICODE)
 _STOP_WORDS = frozenset(
-    "a an and are as at be by can do does for from how i in is it me my of on or so that "
-    "the this to was what when where which who why will with you your".split()
-)
+    {
+        "a", "an", "and", "are", "as", "at", "be", "by", "can", "do", "does", "for", "from",
+        "how", "i", "in", "is", "it", "me", "my", "of", "on", "or", "so", "that", "the", "this",
+        "to", "was", "what", "when", "where", "which", "who", "why", "will", "with", "you", "your",
+    }
+)  # fmt: skip
 
 _SCHEMA = (
     """CREATE TABLE pages (
@@ -263,56 +266,69 @@ class LocalSearchIndex:
         """Remove pages (every section of a page URL, or one section URL); the rows removed."""
         conn = self._connect_rw()
         try:
-            with conn:
-                return sum(
-                    conn.execute(
-                        "DELETE FROM pages WHERE url = ? OR page_url = ?", (url, url)
-                    ).rowcount
-                    for url in urls
-                )
+            conn.execute("BEGIN IMMEDIATE")
+            removed = sum(
+                conn.execute("DELETE FROM pages WHERE url = ? OR page_url = ?", (url, url)).rowcount
+                for url in urls
+            )
+            conn.execute("COMMIT")
+            return removed
         finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             conn.close()
 
     # -- reading (the provider: any thread, one connection per call) --
 
     def _connect_ro(self) -> sqlite3.Connection | None:
-        """A read-only connection, or None while no index of this schema exists."""
+        """A read-only connection; None while the file or its schema does not exist yet.
+
+        Raises ``SearchError`` for an index of another schema version (the next
+        ``gateway search index`` rebuilds it) and ``sqlite3.Error`` for a file
+        that cannot be read (permissions, not a database).
+        """
         if not self.path.is_file():
             return None
-        uri = f"{self.path.resolve().as_uri()}?mode=ro"
-        conn = sqlite3.connect(uri, uri=True, timeout=10.0)
+        conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=10.0)
         try:
-            if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
-                conn.close()
-                return None
-        except sqlite3.DatabaseError:  # not a SQLite file
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+        except BaseException:
             conn.close()
+            raise
+        if version == SCHEMA_VERSION:
+            return conn
+        conn.close()
+        if version == 0:  # created, schema not written yet
             return None
-        return conn
+        raise SearchError(
+            "the local search index was built by another gateway version "
+            "(an operator rebuilds it: gateway search index)"
+        )
 
     def search(self, query: str, count: int, snippet_chars: int = 400) -> list[SearchHit]:
         """The best ``count`` sections for ``query`` (bm25); ``SearchError`` on an empty index."""
-        conn = self._connect_ro()
-        if conn is None:
-            raise SearchError(_EMPTY)
+        match = fts_query(query)
         try:
-            if conn.execute("SELECT 1 FROM pages LIMIT 1").fetchone() is None:
+            conn = self._connect_ro()
+            if conn is None:
                 raise SearchError(_EMPTY)
-            match = fts_query(query)
-            if match is None:
-                return []
-            rows = conn.execute(
-                "SELECT p.title, p.url, snippet(pages_fts, 1, '', '', ' … ', ?) "
-                "FROM pages_fts JOIN pages p ON p.id = pages_fts.rowid "
-                "WHERE pages_fts MATCH ? "
-                "ORDER BY bm25(pages_fts, ?, ?), p.id LIMIT ?",
-                (_SNIPPET_TOKENS, match, _TITLE_WEIGHT, _BODY_WEIGHT, max(count, 0)),
-            ).fetchall()
-        except sqlite3.DatabaseError as err:  # locked past the timeout, damaged file
+            try:
+                if conn.execute("SELECT 1 FROM pages LIMIT 1").fetchone() is None:
+                    raise SearchError(_EMPTY)
+                if match is None:
+                    return []
+                rows = conn.execute(
+                    "SELECT p.title, p.url, snippet(pages_fts, 1, '', '', ' … ', ?) "
+                    "FROM pages_fts JOIN pages p ON p.id = pages_fts.rowid "
+                    "WHERE pages_fts MATCH ? "
+                    "ORDER BY bm25(pages_fts, ?, ?), p.id LIMIT ?",
+                    (_SNIPPET_TOKENS, match, _TITLE_WEIGHT, _BODY_WEIGHT, max(count, 0)),
+                ).fetchall()
+            finally:
+                conn.close()
+        except sqlite3.Error as err:  # unreadable or damaged file, locked past the timeout
             logger.warning("local search in %s failed: %s", self.path, err)
             raise SearchError("the local search index could not be read") from None
-        finally:
-            conn.close()
         return [
             SearchHit(title, url, " ".join(snippet.split())[:snippet_chars])
             for title, url, snippet in rows
@@ -320,25 +336,33 @@ class LocalSearchIndex:
 
     def page(self, url: str) -> tuple[str, str] | None:
         """``(title, text)`` of an indexed URL: one section, or a whole page (all its
-        sections in order) for a page URL; None when the index does not hold it."""
-        conn = self._connect_ro()
-        if conn is None:
-            return None
+        sections in order) for a page URL; None when the index does not hold it or
+        cannot be read (web_fetch then goes to the network)."""
         try:
-            whole = "page_url = ? ORDER BY position"
-            rows = (
-                conn.execute(f"SELECT page_title, body FROM pages WHERE {whole}", (url,)).fetchall()
-                or conn.execute("SELECT title, body FROM pages WHERE url = ?", (url,)).fetchall()
-            )
-        except sqlite3.DatabaseError:
+            conn = self._connect_ro()
+            if conn is None:
+                return None
+            try:
+                rows = (
+                    conn.execute(
+                        "SELECT page_title, body FROM pages WHERE page_url = ? ORDER BY position",
+                        (url,),
+                    ).fetchall()
+                    or conn.execute(
+                        "SELECT title, body FROM pages WHERE url = ?", (url,)
+                    ).fetchall()
+                )
+            finally:
+                conn.close()
+        except (sqlite3.Error, SearchError) as err:
+            logger.warning("local page lookup in %s failed: %s", self.path, err)
             return None
-        finally:
-            conn.close()
         if not rows:
             return None
         return rows[0][0], "\n\n".join(body for _, body in rows)
 
     def stats(self) -> IndexStats:
+        """Size of the index (``sqlite3.Error``/``SearchError`` when it cannot be read)."""
         conn = self._connect_ro()
         if conn is None:
             return IndexStats(self.path, 0, 0, 0, None)

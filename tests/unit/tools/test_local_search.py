@@ -211,8 +211,22 @@ def test_queries_without_words_and_empty_indexes(tmp_path: Path, index: LocalSea
         empty.search("tides", 5)
     not_sqlite = tmp_path / "junk.db"
     not_sqlite.write_bytes(b"this is not a database" * 100)
-    with pytest.raises(SearchError):
+    with pytest.raises(SearchError, match="could not be read"):
         LocalSearchIndex(not_sqlite).search("tides", 5)
+    assert LocalSearchIndex(not_sqlite).page(BASE + "guides/tides.html") is None
+
+
+def test_an_index_of_another_schema_is_refused_then_rebuilt(
+    index: LocalSearchIndex, site: Path
+) -> None:
+    with sqlite3.connect(index.path) as conn:
+        conn.execute("PRAGMA user_version = 99")
+    with pytest.raises(SearchError, match="another gateway version"):
+        index.search("tides", 5)
+    assert index.page(BASE + "guides/tides.html") is None
+    report = index.add_documents(load_documents([site / "guides"], base_url=BASE, root=None))
+    assert report.added == 2 and index.stats().pages == 2  # rebuilt from scratch
+    assert index.search("tides", 1)[0].url == BASE + "tides.html"
 
 
 def test_reindex_updates_changed_pages_and_drops_gone_sections(

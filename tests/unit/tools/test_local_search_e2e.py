@@ -78,6 +78,10 @@ def test_cli_refuses_what_it_cannot_index(
     assert "no such file or folder" in capsys.readouterr().err
     assert main(["search", "query", "tides"], settings=settings) == 1
     assert "no pages yet" in capsys.readouterr().err
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not a database" * 200)
+    assert main(["search", "stats", "--index", str(junk)]) == 1
+    assert "error: search index: file is not a database" in capsys.readouterr().err
     for argv in (["search", "--help"], ["search", "index", "--help"], ["search", "query", "-h"]):
         assert main(argv) == 0
     assert "--base-url" in capsys.readouterr().out
