@@ -8,8 +8,10 @@ import threading
 from pathlib import Path
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
+from serve_app.config import REPO_ROOT
 from serve_app.tools.config import WebSearchOptions
 from serve_app.tools.local_pages import (
     PageError,
@@ -324,10 +326,6 @@ def test_local_provider_options_are_checked() -> None:
 
 def test_repository_docs_seed_the_embedded_default(tmp_path: Path) -> None:
     """configs/local.yaml's seed: the repository's own docs, one row per section."""
-    import yaml
-
-    from serve_app.config import REPO_ROOT
-
     config = yaml.safe_load((REPO_ROOT / "configs" / "local.yaml").read_text())
     tools = config["applications"][0]["args"]["tools"]
     options = WebSearchOptions.model_validate(tools["web_search"])

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from serve_app.cli import main
+from serve_app.config import REPO_ROOT
 from serve_app.settings import GatewaySettings
 from serve_app.tools.local_search import default_index_path
 from tests.fixtures.gateway import GatewayHarness, HarnessFactory
@@ -257,3 +259,30 @@ async def test_an_empty_index_is_a_failed_search_not_a_failed_request(
     assert "no pages yet" in tool_message(gw)
     # Not billed: the provider did not answer.
     assert resp.json()["web_search"] == {"searches": 0, "price_per_search": 0.01}
+
+
+async def test_embedded_default_searches_the_repository_docs(
+    make_gateway: HarnessFactory,
+) -> None:
+    """configs/local.yaml as shipped: the replica seeds its empty index with the repository's
+    docs at start, and a search on a fresh install finds and cites them."""
+    config = yaml.safe_load((REPO_ROOT / "configs" / "local.yaml").read_text())
+    tools = config["applications"][0]["args"]["tools"]
+    gw = await make_gateway({"tools": tools})
+    gw.keys["tools"] = gw.store.create_key("toolie", "acme")
+    gw.store.update_user("toolie", web_search=True)
+    turns = script(
+        {"call": "web_search", "arguments": {"query": "local search provider SQLite FTS5 index"}},
+        {"reply": "It is a SQLite index [1]."},
+    )
+    async with gw.client(gw.keys["tools"]) as http:
+        resp = await http.post(
+            "/v1/responses",
+            json={"model": "scripted-tools", "input": turns, "tools": [{"type": "web_search"}]},
+        )
+    body = resp.json()
+    assert body["output"][0]["status"] == "completed"
+    first = body["output"][-1]["content"][0]["annotations"][0]
+    assert first["index"] == 1
+    assert first["url"].startswith(tools["web_search"]["local"]["seed_base_url"])
+    assert "#" in first["url"]  # a section of a Markdown doc
