@@ -27,6 +27,7 @@ Streaming contract (read this before writing a backend):
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -84,6 +85,20 @@ class ToolCallDelta:
     name: str
     arguments: str
     index: int = 0
+
+
+def merge_tool_call(calls: list[ToolCallDelta], fragment: ToolCallDelta) -> None:
+    """Add a streamed fragment to the calls gathered so far (OpenAI's delta rules).
+
+    A fragment with the index of an earlier call and no new id or name continues
+    that call's arguments; anything else starts a new call. ``calls`` holds copies,
+    so the fragments (which may be relayed as they are) are never changed.
+    """
+    last = next((c for c in reversed(calls) if c.index == fragment.index), None)
+    if last is not None and fragment.id in ("", last.id) and not fragment.name:
+        last.arguments += fragment.arguments
+        return
+    calls.append(dataclasses.replace(fragment))
 
 
 @dataclass

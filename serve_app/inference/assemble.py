@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployments.engines.base import GenerationDone, TextDelta, ToolCallDelta
+from deployments.engines.base import GenerationDone, TextDelta, ToolCallDelta, merge_tool_call
 from serve_app.protocol.common import Usage
 
 
@@ -25,13 +25,17 @@ class ChoiceState:
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
     finish_reason: str | None = None
     completion_tokens: int = 0
+    logprobs: list[Any] = field(default_factory=list)
 
     def add(self, delta: TextDelta) -> None:
         if delta.text:
             self.text.append(delta.text)
         if delta.reasoning:
             self.reasoning.append(delta.reasoning)
-        self.tool_calls.extend(delta.tool_calls)
+        for fragment in delta.tool_calls:
+            merge_tool_call(self.tool_calls, fragment)
+        if delta.logprobs:
+            self.logprobs.append(delta.logprobs)
         if delta.finish_reason is not None:
             self.finish_reason = delta.finish_reason
         self.completion_tokens = max(self.completion_tokens, delta.completion_tokens)
@@ -88,7 +92,7 @@ def chat_completion_body(
                 "index": index,
                 "message": message,
                 "finish_reason": state.finish_reason or "stop",
-                "logprobs": None,
+                "logprobs": merge_logprobs(state.logprobs),
             }
         )
     return {
@@ -113,7 +117,7 @@ def completion_body(
                 "index": index,
                 "text": "".join(state.text),
                 "finish_reason": state.finish_reason or "stop",
-                "logprobs": None,
+                "logprobs": merge_logprobs(state.logprobs),
             }
         )
     return {
@@ -126,12 +130,37 @@ def completion_body(
     }
 
 
+def merge_logprobs(parts: list[Any]) -> dict[str, Any] | None:
+    """Per-delta logprobs objects -> one (lists joined key by key), or None if none came.
+
+    The chat shape is ``{"content": [...], "refusal": ...}``; the legacy one has
+    ``tokens``, ``token_logprobs``, ``top_logprobs`` and ``text_offset`` lists.
+    """
+    if not parts:
+        return None
+    merged: dict[str, Any] = {}
+    for part in parts:
+        for key, value in part.items():
+            if isinstance(value, list):
+                merged.setdefault(key, []).extend(value)
+            else:
+                merged.setdefault(key, value)
+    return merged
+
+
 def _tool_call(call: ToolCallDelta) -> dict[str, Any]:
     return {
         "id": call.id,
         "type": "function",
         "function": {"name": call.name, "arguments": call.arguments},
     }
+
+
+def _tool_call_fragment(call: ToolCallDelta) -> dict[str, Any]:
+    """A streamed fragment: id, type and name only on a call's first fragment."""
+    if not call.id and not call.name:
+        return {"index": call.index, "function": {"arguments": call.arguments}}
+    return {"index": call.index, **_tool_call(call)}
 
 
 class ChatChunker:
@@ -165,12 +194,13 @@ class ChatChunker:
             body["reasoning_content"] = delta.reasoning
             body["reasoning"] = delta.reasoning
         if delta.tool_calls:
-            body["tool_calls"] = [{"index": c.index, **_tool_call(c)} for c in delta.tool_calls]
-        if not body and delta.finish_reason is None:
+            body["tool_calls"] = [_tool_call_fragment(c) for c in delta.tool_calls]
+        if not body and delta.finish_reason is None and not delta.logprobs:
             return None
-        return self._chunk(
-            [{"index": delta.choice_index, "delta": body, "finish_reason": delta.finish_reason}]
-        )
+        choice = {"index": delta.choice_index, "delta": body, "finish_reason": delta.finish_reason}
+        if delta.logprobs:
+            choice["logprobs"] = delta.logprobs
+        return self._chunk([choice])
 
     def usage(self, done: GenerationDone) -> dict[str, Any]:
         usage = usage_of(done, self.separate_channel).model_dump(exclude_none=True)
@@ -197,13 +227,13 @@ class CompletionChunker:
         return None
 
     def delta(self, delta: TextDelta) -> dict[str, Any] | None:
-        if not delta.text and delta.finish_reason is None:
+        if not delta.text and delta.finish_reason is None and not delta.logprobs:
             return None
         choice = {
             "index": delta.choice_index,
             "text": delta.text,
             "finish_reason": delta.finish_reason,
-            "logprobs": None,
+            "logprobs": delta.logprobs,
         }
         return {**self.base, "choices": [choice]}
 

@@ -230,6 +230,7 @@ async def translate_chat(
         max_tokens_param=param,
         max_output_tokens=model.max_output_tokens or 0,
         prompt_param="messages",
+        stream=bool(body.stream),
     )
     return Translated(head_request, ignored)
 
@@ -245,5 +246,6 @@ def translate_completion(body: CompletionRequest, model: CatalogModel) -> Transl
         max_tokens_param="max_tokens",
         max_output_tokens=model.max_output_tokens or 0,
         prompt_param="prompt",
+        stream=bool(body.stream),
     )
     return Translated(head_request)

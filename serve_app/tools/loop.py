@@ -31,7 +31,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployments.engines.base import GenerationDone, PromptSpec, TextDelta, ToolCallDelta
+from deployments.engines.base import (
+    GenerationDone,
+    PromptSpec,
+    TextDelta,
+    ToolCallDelta,
+    merge_tool_call,
+)
 from deployments.head_protocol import HeadEvent, HeadFailure, HeadRequest, HeadStarted
 from serve_app.inference.metering import MeteredRequest
 from serve_app.ingress.streaming import aclose_quietly
@@ -85,14 +91,11 @@ class _Turn:
             self.finish_reason = delta.finish_reason
 
     def _add_call(self, call: ToolCallDelta) -> None:
-        """Fragments of one call (same index, no new id) are joined."""
-        last = next((c for c in reversed(self.calls) if c.index == call.index), None)
-        if last is not None and (not call.id or call.id == last.id) and not call.name:
-            last.arguments += call.arguments
-            return
-        self.calls.append(
-            ToolCallDelta(call.id or f"call_{uuid.uuid4().hex[:24]}", call.name, call.arguments)
-        )
+        """Fragments of one call (same index, no new id or name) are joined."""
+        merge_tool_call(self.calls, call)
+        last = self.calls[-1]
+        if not last.id:
+            last.id = f"call_{uuid.uuid4().hex[:24]}"
 
     def text(self) -> str:
         return "".join(d.text for d in self.deltas)
