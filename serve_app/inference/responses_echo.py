@@ -79,7 +79,7 @@ def response_settings(
     functions: list[dict[str, Any]],
     plan: ServerToolPlan,
     tool_choice: Any,
-    max_output_tokens: int,
+    max_output_tokens: int | None,
 ) -> dict[str, Any]:
     """The ResponseResource fields that describe how the response was generated."""
     tools = echo_tools(functions, plan)

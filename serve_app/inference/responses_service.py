@@ -160,7 +160,7 @@ class ResponsesService:
             functions=functions,
             plan=plan,
             tool_choice=tool_choice,
-            max_output_tokens=started.max_tokens,
+            max_output_tokens=started.max_tokens or None,
         )
         builder = ResponseBuilder(
             request.request_id,
