@@ -67,7 +67,7 @@ def _calls(turn: dict[str, Any], number: int) -> list[ToolCallDelta]:
     return calls
 
 
-def _fragments(call: ToolCallDelta, chunks: int) -> list[ToolCallDelta]:
+def fragments(call: ToolCallDelta, chunks: int) -> list[ToolCallDelta]:
     """``call`` cut into ``chunks`` pieces of its arguments (the first may be empty)."""
     size = -(-len(call.arguments) // chunks) if call.arguments else 0
     pieces = [call.arguments[k * size : (k + 1) * size] for k in range(chunks)] if size else [""]
@@ -101,7 +101,7 @@ async def play_turn(
     if calls and "chunks" in turn:
         finish = "tool_calls"
         for call in calls:
-            for fragment in _fragments(call, int(turn["chunks"])):
+            for fragment in fragments(call, int(turn["chunks"])):
                 produced += 1
                 yield TextDelta(0, tool_calls=[fragment], completion_tokens=produced)
     elif calls:

@@ -176,6 +176,11 @@ async def test_every_body_and_event_conforms(tool_gateway: GatewayHarness) -> No
     assert done["call_id"] == added["call_id"] and done["name"] == "get_weather"
     final = events[-1]["response"]
     assert final["tool_choice"] == {"type": "function", "name": "get_weather"}
+    # fragments straight from the head (nothing held: no tool declared), merged by index
+    events = await client.events(key="user", model="scripted-chat", input="#tool f #chunks 3")
+    deltas = [e["delta"] for e in events if e["type"].endswith("arguments.delta")]
+    assert len(deltas) == 3 and json.loads("".join(deltas)) == {"q": "x"}
+    assert [i["type"] for i in events[-1]["response"]["output"]] == ["function_call"]
 
     # a server-tool run, then the answer with citations
     tools: list[dict[str, Any]] = [{"type": "web_search", "max_uses": 2}]
