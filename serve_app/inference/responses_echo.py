@@ -2,11 +2,12 @@
 
 Open Responses (OpenAPI 2026-04-24) makes every ``ResponseResource`` carry the
 settings it was generated with, non-null where a value applied. The gateway
-knows most of them exactly; the sampling defaults it does not set itself are
-those of the engine's sampler (vLLM ``SamplingParams``: temperature 1.0,
-top_p 1.0, no penalties), which the gateway's heads build without a model
-``generation_config`` overlay, so they are stated as such (docs/api.md names
-the case of externally served models, whose provider defaults are not known).
+knows most of them exactly. A sampling value the request omits is the
+engine's: the head reports the model's ``generation_config`` values vLLM's
+serving layer applies (``HeadStarted.sampling_defaults``), and where it reports
+none the OpenAI defaults apply (temperature 1.0, top_p 1.0, no penalties).
+An externally served model's provider defaults are not known to the gateway;
+the OpenAI defaults are stated for it too (docs/api.md says so).
 """
 
 from __future__ import annotations
@@ -80,9 +81,20 @@ def response_settings(
     plan: ServerToolPlan,
     tool_choice: Any,
     max_output_tokens: int | None,
+    engine_defaults: dict[str, float],
 ) -> dict[str, Any]:
-    """The ResponseResource fields that describe how the response was generated."""
+    """The ResponseResource fields that describe how the response was generated.
+
+    ``engine_defaults``: what the head reported applying to omitted sampling values.
+    """
     tools = echo_tools(functions, plan)
+    defaults = {
+        "temperature": ENGINE_DEFAULT_TEMPERATURE,
+        "top_p": ENGINE_DEFAULT_TOP_P,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        **engine_defaults,
+    }
     return {
         "instructions": body.instructions,
         "tools": tools,
@@ -90,12 +102,12 @@ def response_settings(
         "truncation": "disabled",  # an over-long input is a 400, never cut
         "parallel_tool_calls": True,  # every call the model makes is returned
         "text": {"format": {"type": "text"}},
-        "temperature": (
-            body.temperature if body.temperature is not None else ENGINE_DEFAULT_TEMPERATURE
-        ),
-        "top_p": body.top_p if body.top_p is not None else ENGINE_DEFAULT_TOP_P,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
+        "temperature": body.temperature
+        if body.temperature is not None
+        else defaults["temperature"],
+        "top_p": body.top_p if body.top_p is not None else defaults["top_p"],
+        "presence_penalty": defaults["presence_penalty"],  # not accepted on this route
+        "frequency_penalty": defaults["frequency_penalty"],
         "top_logprobs": 0,
         "reasoning": echo_reasoning(body, model),
         "max_output_tokens": max_output_tokens,

@@ -161,6 +161,7 @@ class ResponsesService:
             plan=plan,
             tool_choice=tool_choice,
             max_output_tokens=started.max_tokens or None,
+            engine_defaults=started.sampling_defaults,
         )
         builder = ResponseBuilder(
             request.request_id,

@@ -54,7 +54,9 @@ class ScriptedEngine(TextEngine):
 
     async def start(self) -> EngineInfo:
         return EngineInfo(
-            max_model_len=self.max_model_len, separate_reasoning_channel=bool(self.reasoning)
+            max_model_len=self.max_model_len,
+            separate_reasoning_channel=bool(self.reasoning),
+            sampling_defaults=dict(self.config.get("sampling_defaults", {})),
         )
 
     def supported_extra_params(self) -> frozenset[str]:

@@ -66,3 +66,22 @@ def test_tools_flat_then_server_tools_with_their_applied_limits() -> None:
         {"type": "web_search", "max_uses": 6, "search_context_size": "high"},
         {"type": "code_interpreter", "max_uses": 1, "timeout_s": 8.0},
     ]
+
+
+def test_the_vllm_head_reports_generation_config_sampling() -> None:
+    """What vLLM's serving layer applies to omitted values (``get_diff_sampling_param``)."""
+    from deployments.engines.vllm_engine import _sampling_defaults
+
+    class Config:
+        def __init__(self, diff: dict[str, Any] | None) -> None:
+            self.diff = diff
+
+        def get_diff_sampling_param(self) -> dict[str, Any]:
+            if self.diff is None:
+                raise OSError("generation_config.json unreadable")
+            return self.diff
+
+    diff = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
+    assert _sampling_defaults(Config(diff)) == {"temperature": 0.7, "top_p": 0.8}
+    assert _sampling_defaults(Config({"presence_penalty": 1})) == {"presence_penalty": 1.0}
+    assert _sampling_defaults(Config(None)) == {}

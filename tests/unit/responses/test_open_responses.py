@@ -17,7 +17,7 @@ from typing import Any
 
 from PIL import Image
 
-from tests.fixtures.gateway import GatewayHarness
+from tests.fixtures.gateway import GatewayHarness, HarnessFactory
 from tests.fixtures.tool_servers import script
 from tests.unit.responses.open_responses import Conformance
 from tests.unit.responses.test_responses_stream import parse
@@ -221,3 +221,24 @@ async def test_every_body_and_event_conforms(tool_gateway: GatewayHarness) -> No
         "event:response.reasoning_text.delta",
         "event:response.reasoning_text.done",
     }
+
+
+async def test_omitted_sampling_states_the_engine_defaults(make_gateway: HarnessFactory) -> None:
+    """The head reports the model's generation_config values; the Response states them."""
+    tuned = {
+        "id": "tuned",
+        "head": "chat",
+        "context_length": 64,
+        "max_output_tokens": 32,
+        "engine": {
+            "backend": "scripted",
+            "config": {"sampling_defaults": {"temperature": 0.7, "top_p": 0.8}},
+        },
+    }
+    gw = await make_gateway({"catalog": [tuned]})
+    client = Client(gw, Conformance())
+    body = await client.body(key="user", model="tuned", input="hi")
+    assert (body["temperature"], body["top_p"]) == (0.7, 0.8)
+    assert (body["presence_penalty"], body["frequency_penalty"]) == (0.0, 0.0)
+    body = await client.body(key="user", model="tuned", input="hi", temperature=0.2)
+    assert (body["temperature"], body["top_p"]) == (0.2, 0.8)
