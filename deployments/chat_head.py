@@ -61,6 +61,7 @@ class ChatHeadCore:
             prompt_tokens=sum(p.num_tokens for p in prepared),
             max_tokens=max(s.max_tokens for s in samplings),
             ignored_params=ignored,
+            sampling_defaults=dict(self.info.sampling_defaults) if self.info else {},
         )
         async for event in self._stream_all(request, prepared, samplings):
             yield event

@@ -43,6 +43,8 @@ class HeadStarted:
     prompt_tokens: int
     max_tokens: int
     ignored_params: list[str] = field(default_factory=list)
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
+    """``EngineInfo.sampling_defaults``: what applies to a sampling value the request omits."""
 
 
 @dataclass

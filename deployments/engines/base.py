@@ -149,6 +149,10 @@ class EngineInfo:
 
     max_model_len: int
     separate_reasoning_channel: bool = False
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
+    """Sampling values the engine applies when a request omits them, where they differ
+    from OpenAI's (vLLM: the model's ``generation_config``), so a response can state the
+    temperature and top_p it was really sampled with."""
 
 
 class TextEngine(abc.ABC):

@@ -178,6 +178,7 @@ class VLLMEngine(TextEngine):
         self._info = EngineInfo(
             max_model_len=int(engine.model_config.max_model_len),
             separate_reasoning_channel=self.config.effective_reasoning_parser() is not None,
+            sampling_defaults=_sampling_defaults(engine.model_config),
         )
         logger.info(
             "vLLM engine for %s up on %s in %.1f s (max_model_len=%d)",
@@ -452,3 +453,21 @@ def _first_error(exc: Exception) -> str:
         except Exception:
             pass
     return str(exc)
+
+
+_STATED_SAMPLING = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+
+
+def _sampling_defaults(model_config: Any) -> dict[str, float]:
+    """The model's ``generation_config`` values the serving layer applies to a request that
+    omits them (``get_diff_sampling_param``), for the fields a response states."""
+    try:
+        diff = model_config.get_diff_sampling_param()
+    except Exception:  # an older vLLM or an unreadable generation_config: OpenAI defaults
+        logger.warning("no generation_config sampling defaults", exc_info=True)
+        return {}
+    return {
+        name: float(value)
+        for name, value in diff.items()
+        if name in _STATED_SAMPLING and isinstance(value, int | float)
+    }

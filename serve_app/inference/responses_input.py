@@ -103,6 +103,13 @@ def convert_tool_choice(choice: str | dict[str, Any] | None) -> Any:
     """
     if choice is None or choice in ("auto", "none", "required"):
         return choice
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        raise _bad(
+            "tool_choice of type allowed_tools is not supported; use auto, none, required "
+            "or a function.",
+            "tool_choice",
+            _UNSUP,
+        )
     if isinstance(choice, dict) and choice.get("type") == "function":
         name = choice.get("name") or (choice.get("function") or {}).get("name")
         if not isinstance(name, str) or not name:

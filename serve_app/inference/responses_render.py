@@ -7,6 +7,13 @@ they strictly increase, and exactly one terminal event is produced (the
 builder refuses a second). Items are appended in the order they start, and
 the loop delivers them in the order of spec 2.10 (tool calls, reasoning,
 function calls, message), so ``output_index`` is the final position.
+
+Every Response snapshot (body, ``response.created`` / ``in_progress`` and the
+terminal event) is a complete Open Responses ``ResponseResource``: the
+settings it was generated with come from ``responses_echo``. Client function
+calls arrive as OpenAI-style streaming fragments (same ``index`` = same call;
+the first carries ``id`` and ``name``), and each fragment becomes one
+``response.function_call_arguments.delta``.
 """
 
 from __future__ import annotations
@@ -27,14 +34,16 @@ def _id(prefix: str) -> str:
 
 
 def response_usage(done: GenerationDone) -> dict[str, Any]:
-    """Usage; the detail objects only when the engine reported them (spec 2.10)."""
+    """Usage with ``input_tokens_details`` (the schema requires it; 0 when the engine
+    reported no cache hit count); ``output_tokens_details`` only when the engine reported
+    the reasoning split (spec 2.7, 2.10: never a made-up 0, the route's one deliberate
+    deviation from Open Responses)."""
     usage: dict[str, Any] = {
         "input_tokens": done.prompt_tokens,
         "output_tokens": done.completion_tokens,
         "total_tokens": done.prompt_tokens + done.completion_tokens,
+        "input_tokens_details": {"cached_tokens": done.cached_tokens or 0},
     }
-    if done.cached_tokens is not None:
-        usage["input_tokens_details"] = {"cached_tokens": done.cached_tokens}
     if done.reasoning_tokens is not None:
         usage["output_tokens_details"] = {"reasoning_tokens": done.reasoning_tokens}
     return usage
@@ -49,6 +58,7 @@ class ResponseBuilder:
         model: str,
         metadata: dict[str, Any] | None,
         *,
+        settings: dict[str, Any],
         separate_channel: bool,
         sources: SourceList | None,
     ) -> None:
@@ -56,16 +66,18 @@ class ResponseBuilder:
             "id": response_id,
             "object": "response",
             "created_at": int(time.time()),
+            "completed_at": None,
             "status": "in_progress",
+            "incomplete_details": None,
             "model": model,
+            "previous_response_id": None,
             "output": [],
             "output_text": "",
             "error": None,
-            "incomplete_details": None,
-            "previous_response_id": None,
+            **settings,
+            "usage": None,
             "store": False,
             "metadata": dict(metadata or {}),
-            "usage": None,
         }
         self.separate_channel = separate_channel
         self.sources = sources
@@ -73,6 +85,8 @@ class ResponseBuilder:
         self.terminal = False
         self._reasoning: dict[str, Any] | None = None
         self._message: dict[str, Any] | None = None
+        self._calls: dict[int, dict[str, Any]] = {}
+        """Client function calls still streaming, by the head's fragment ``index``."""
         self._text: list[str] = []
         self._thought: list[str] = []
 
@@ -84,7 +98,8 @@ class ResponseBuilder:
         return sse_event(kind, event)
 
     def _snapshot(self) -> dict[str, Any]:
-        return {**self.response, "output": list(self.response["output"])}
+        output = [dict(item) for item in self.response["output"]]
+        return {**self.response, "output": output}
 
     def _add_item(self, item: dict[str, Any]) -> tuple[int, bytes]:
         self.response["output"].append(item)
@@ -95,7 +110,11 @@ class ResponseBuilder:
         return next(i for i, o in enumerate(self.response["output"]) if o is item)
 
     def created(self) -> list[bytes]:
-        return [self._event("response.created", response=self._snapshot())]
+        """``response.created`` then ``response.in_progress``: generation has begun."""
+        return [
+            self._event("response.created", response=self._snapshot()),
+            self._event("response.in_progress", response=self._snapshot()),
+        ]
 
     # -- server tools -----------------------------------------------------------
 
@@ -127,6 +146,7 @@ class ResponseBuilder:
                 frames += self._function_call(call)
         if delta.text:
             frames += self._close_reasoning()
+            frames += self._close_calls()
             frames += self._text_delta(delta.text)
         return frames
 
@@ -167,18 +187,55 @@ class ResponseBuilder:
         ]
 
     def _function_call(self, call: ToolCallDelta) -> list[bytes]:
-        item = {
-            "id": _id("fc"),
-            "type": "function_call",
-            "status": "in_progress",
-            "call_id": call.id,
-            "name": call.name,
-            "arguments": call.arguments,
-        }
-        index, added = self._add_item(item)
-        item = {**item, "status": "completed"}
-        self.response["output"][index] = item
-        return [added, self._event("response.output_item.done", output_index=index, item=item)]
+        """One fragment: a new ``index`` (or a new ``id`` on it) opens an item."""
+        frames: list[bytes] = []
+        item = self._calls.get(call.index)
+        if item is None or (call.id and call.id != item["call_id"]):
+            if item is not None:
+                frames += self._close_call(call.index, "completed")
+            item = {
+                "id": _id("fc"),
+                "type": "function_call",
+                "status": "in_progress",
+                "call_id": call.id or _id("call"),
+                "name": call.name,
+                "arguments": "",
+            }
+            self._calls[call.index] = item
+            frames.append(self._add_item(item)[1])
+        if call.arguments:
+            item["arguments"] += call.arguments
+            frames.append(
+                self._event(
+                    "response.function_call_arguments.delta",
+                    item_id=item["id"],
+                    output_index=self._index(item),
+                    delta=call.arguments,
+                )
+            )
+        return frames
+
+    def _close_call(self, key: int, status: str) -> list[bytes]:
+        item = self._calls.pop(key)
+        index = self._index(item)
+        item["status"] = status
+        return [
+            self._event(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=index,
+                arguments=item["arguments"],
+            ),
+            self._event("response.output_item.done", output_index=index, item=item),
+        ]
+
+    def _close_calls(self, last_status: str = "completed") -> list[bytes]:
+        """Close open calls in output order; ``last_status`` applies to the last item."""
+        frames: list[bytes] = []
+        keys = sorted(self._calls, key=lambda k: self._index(self._calls[k]))
+        for n, key in enumerate(keys):
+            frames += self._close_call(key, last_status if n == len(keys) - 1 else "completed")
+        return frames
 
     def _text_delta(self, text: str) -> list[bytes]:
         frames: list[bytes] = []
@@ -216,7 +273,7 @@ class ResponseBuilder:
             part=part,
         )
 
-    def _close_message(self, need_one: bool) -> list[bytes]:
+    def _close_message(self, need_one: bool, status: str) -> list[bytes]:
         frames: list[bytes] = []
         item = self._message
         if item is None:
@@ -238,7 +295,7 @@ class ResponseBuilder:
                 )
             )
         part = {"type": "output_text", "text": text, "annotations": annotations}
-        item.update(status="completed", content=[part])
+        item.update(status=status, content=[part])
         self.response["output_text"] = text
         frames.append(self._event("response.output_text.done", **ids, text=text, logprobs=[]))
         frames.append(self._part_event("done", item, index, part))
@@ -252,21 +309,30 @@ class ResponseBuilder:
 
     # -- the end ----------------------------------------------------------------
 
-    def _close_all(self, need_message: bool) -> list[bytes]:
+    def _close_all(self, need_message: bool, cut: bool) -> list[bytes]:
+        """Close what is open; ``cut``: the output stopped early, so the last item (the
+        message, else the last function call) is ``incomplete`` (Open Responses: an
+        incomplete item is the last one of an incomplete response)."""
+        status = "incomplete" if cut else "completed"
         has_calls = any(o["type"] == "function_call" for o in self.response["output"])
-        return self._close_reasoning() + self._close_message(need_message and not has_calls)
+        frames = self._close_reasoning()
+        need_one = need_message and not has_calls
+        last_is_call = self._message is None and not need_one
+        frames += self._close_calls(status if last_is_call else "completed")
+        return frames + self._close_message(need_one, status)
 
     def finished(self, done: GenerationDone, finish_reason: str) -> list[bytes]:
-        frames = self._close_all(need_message=True)
+        cut = finish_reason == "length"
+        frames = self._close_all(need_message=True, cut=cut)
         self.response["usage"] = response_usage(done)
-        if finish_reason == "length":
+        if cut:
             return frames + self._terminal("incomplete", {"reason": "max_output_tokens"})
         return frames + self._terminal("completed")
 
     def failed(self, err: GatewayError, partial: GenerationDone) -> list[bytes]:
         """After the response started: partial text is incomplete, none is failed."""
         produced_text = bool("".join(self._text))
-        frames = self._close_all(need_message=False)
+        frames = self._close_all(need_message=False, cut=produced_text)
         self.response["usage"] = response_usage(partial)
         if produced_text:
             return frames + self._terminal("incomplete", {"reason": "upstream_error"})
@@ -279,4 +345,5 @@ class ResponseBuilder:
         self.terminal = True
         self.response["status"] = status
         self.response["incomplete_details"] = incomplete
+        self.response["completed_at"] = int(time.time())
         return [self._event(f"response.{status}", response=self._snapshot())]

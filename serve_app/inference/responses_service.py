@@ -25,6 +25,7 @@ from serve_app.auth.principal import Principal
 from serve_app.catalog.catalog import residency_routing
 from serve_app.catalog.config import CatalogModel
 from serve_app.inference.metering import MeteredRequest, RequestMeta
+from serve_app.inference.responses_echo import response_settings
 from serve_app.inference.responses_input import (
     check_request_rules,
     convert_input,
@@ -151,11 +152,22 @@ class ResponsesService:
             metered=metered,
             toolbox=toolbox,
             functions=functions,
+            call_fragments=True,
+        )
+        settings = response_settings(
+            body,
+            model,
+            functions=functions,
+            plan=plan,
+            tool_choice=tool_choice,
+            max_output_tokens=started.max_tokens or None,
+            engine_defaults=started.sampling_defaults,
         )
         builder = ResponseBuilder(
             request.request_id,
             model.id,
             body.metadata,
+            settings=settings,
             separate_channel=model.reasoning.separate_channel,
             sources=toolbox.sources if toolbox is not None else None,
         )
@@ -163,7 +175,10 @@ class ResponsesService:
         if routing is not None:
             builder.response["routing"] = routing.model_dump(exclude_none=True)
         run = _ResponsesRun(loop, builder, metered)
-        headers = response_headers(started.ignored_params, model)
+        ignored = list(started.ignored_params)
+        if body.parallel_tool_calls is False:
+            ignored.append("parallel_tool_calls")  # every call the model makes is returned
+        headers = response_headers(ignored, model)
         if not body.stream:
             return JSONResponse(await run.body(), headers=headers)
         return MeteredStreamingResponse(

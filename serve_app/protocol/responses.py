@@ -63,23 +63,51 @@ class ResponseUsage(BaseModel):
     input_tokens: int
     output_tokens: int
     total_tokens: int
-    input_tokens_details: dict[str, int] | None = None
-    output_tokens_details: dict[str, int] | None = None
+    input_tokens_details: dict[str, int] = Field(description="{cached_tokens}; always present.")
+    output_tokens_details: dict[str, int] | None = Field(
+        default=None,
+        description="{reasoning_tokens}; only when the engine reported the split (spec 2.7).",
+    )
 
 
 class ResponseObject(BaseModel):
-    """The Response object (spec 2.10); output items are described in docs/api.md."""
+    """The Response object (spec 2.10), an Open Responses 2026-04-24 ``ResponseResource``.
+
+    Output items and the settings fields are described in docs/api.md; the settings
+    state what was applied (``responses_echo``), never a null where a value applied.
+    """
 
     id: str
     object: Literal["response"] = "response"
     created_at: int
+    completed_at: int | None = Field(description="Set when the response ends (any status).")
     status: ResponseStatus
+    incomplete_details: dict[str, Any] | None = None
     model: str
+    previous_response_id: None = None
+    instructions: str | None = None
     output: list[dict[str, Any]]
     output_text: str = ""
     error: dict[str, Any] | None = None
-    incomplete_details: dict[str, Any] | None = None
-    previous_response_id: None = None
-    store: Literal[False] = False
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    tools: list[dict[str, Any]] = Field(
+        description="Function tools flat, then server tools with their applied budgets."
+    )
+    tool_choice: str | dict[str, Any]
+    truncation: Literal["disabled"] = "disabled"
+    parallel_tool_calls: bool = True
+    text: dict[str, Any] = Field(description="{format: {type: text}}.")
+    top_p: float
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    top_logprobs: int = 0
+    temperature: float
+    reasoning: dict[str, Any] | None = None
     usage: ResponseUsage | None = None
+    max_output_tokens: int | None = Field(description="The output cap the head applied.")
+    max_tool_calls: int | None = Field(description="Sum of the server-tool budgets, if any.")
+    store: Literal[False] = False
+    background: Literal[False] = False
+    service_tier: str = "default"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    safety_identifier: None = None
+    prompt_cache_key: None = None

@@ -36,7 +36,6 @@ from deployments.engines.base import (
     PromptSpec,
     TextDelta,
     ToolCallDelta,
-    merge_tool_call,
 )
 from deployments.head_protocol import HeadEvent, HeadFailure, HeadRequest, HeadStarted
 from serve_app.inference.metering import MeteredRequest
@@ -82,6 +81,8 @@ class _Turn:
     deltas: list[TextDelta] = field(default_factory=list)
     calls: list[ToolCallDelta] = field(default_factory=list)
     finish_reason: str | None = None
+    fragments: list[tuple[int, ToolCallDelta]] = field(default_factory=list)
+    """Each call fragment as the head sent it, with its call's position in ``calls``."""
 
     def add(self, delta: TextDelta) -> None:
         self.deltas.append(delta)
@@ -91,11 +92,20 @@ class _Turn:
             self.finish_reason = delta.finish_reason
 
     def _add_call(self, call: ToolCallDelta) -> None:
-        """Fragments of one call (same index, no new id or name) are joined."""
-        merge_tool_call(self.calls, call)
-        last = self.calls[-1]
-        if not last.id:
-            last.id = f"call_{uuid.uuid4().hex[:24]}"
+        """Fragments of one call (same index, no new id) are joined."""
+        position = next(
+            (i for i in range(len(self.calls) - 1, -1, -1) if self.calls[i].index == call.index),
+            None,
+        )
+        if position is not None and not call.name:
+            last = self.calls[position]
+            if not call.id or call.id == last.id:
+                last.arguments += call.arguments
+                self.fragments.append((position, call))
+                return
+        call_id = call.id or f"call_{uuid.uuid4().hex[:24]}"
+        self.calls.append(ToolCallDelta(call_id, call.name, call.arguments, call.index))
+        self.fragments.append((len(self.calls) - 1, call))
 
     def text(self) -> str:
         return "".join(d.text for d in self.deltas)
@@ -116,7 +126,11 @@ class ToolLoop:
         metered: MeteredRequest,
         toolbox: ToolBox | None,
         functions: list[dict[str, Any]],
+        call_fragments: bool = False,
     ) -> None:
+        """``call_fragments``: release a held turn's client calls as the head's fragments
+        (the responses route streams one arguments delta per fragment), not joined."""
+        self.call_fragments = call_fragments
         self.request = request
         self.prompt: PromptSpec = request.prompts[0]
         self.start_turn = start_turn
@@ -205,6 +219,29 @@ class ToolLoop:
         calls = [c for c in turn.calls if plan is None or not plan.allows(c.name)]
         return [dataclasses.replace(c, index=i) for i, c in enumerate(calls)]
 
+    def _client_fragments(self, turn: _Turn) -> list[ToolCallDelta]:
+        """The client calls' fragments in arrival order, numbered like ``_client_calls``;
+        only a call's first fragment names its id and function."""
+        plan = self.toolbox.plan if self.toolbox is not None else None
+        positions = [i for i, c in enumerate(turn.calls) if plan is None or not plan.allows(c.name)]
+        number = {position: n for n, position in enumerate(positions)}
+        fragments: list[ToolCallDelta] = []
+        seen: set[int] = set()
+        for position, fragment in turn.fragments:
+            if position not in number:
+                continue
+            call, first = turn.calls[position], position not in seen
+            seen.add(position)
+            fragments.append(
+                ToolCallDelta(
+                    call.id if first else "",
+                    call.name if first else "",
+                    fragment.arguments,
+                    number[position],
+                )
+            )
+        return fragments
+
     async def _answer(self, turn: _Turn, earlier_reasoning: str) -> AsyncIterator[LoopEvent]:
         """The answering turn, in item order: reasoning, client calls, text, finish."""
         finish = turn.finish_reason or "stop"
@@ -220,7 +257,8 @@ class ToolLoop:
                 yield AnswerDelta(TextDelta(0, reasoning=reasoning))
             if calls:
                 finish = "tool_calls"
-                yield AnswerDelta(TextDelta(0, tool_calls=calls))
+                released = self._client_fragments(turn) if self.call_fragments else calls
+                yield AnswerDelta(TextDelta(0, tool_calls=released))
             for delta in turn.deltas:
                 if delta.text:
                     yield AnswerDelta(TextDelta(0, text=delta.text))

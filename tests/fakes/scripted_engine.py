@@ -8,7 +8,8 @@ message:
 - ``#fail-before``: raise before the first delta.
 - ``#fail-after N``: raise after N deltas.
 - ``#stall S``: sleep S seconds before answering.
-- ``#tool NAME``: answer with one function call to NAME.
+- ``#tool NAME``: answer with one function call to NAME (with ``#chunks N`` streamed in
+  N OpenAI-style fragments: same ``index``, only the first carries ``id`` and ``name``).
 - ``#script [...]``: a JSON list of turns for tool-loop tests (see ``scripted_turns``).
 - anything else: the reply is ``config["reply"]`` (default echoes the prompt).
 """
@@ -31,7 +32,7 @@ from deployments.engines.base import (
     TextEngine,
     ToolCallDelta,
 )
-from tests.fakes.scripted_turns import MARKER, pick_turn, play_turn, turn_number
+from tests.fakes.scripted_turns import MARKER, fragments, pick_turn, play_turn, turn_number
 
 
 class ScriptedEngineError(RuntimeError):
@@ -53,7 +54,9 @@ class ScriptedEngine(TextEngine):
 
     async def start(self) -> EngineInfo:
         return EngineInfo(
-            max_model_len=self.max_model_len, separate_reasoning_channel=bool(self.reasoning)
+            max_model_len=self.max_model_len,
+            separate_reasoning_channel=bool(self.reasoning),
+            sampling_defaults=dict(self.config.get("sampling_defaults", {})),
         )
 
     def supported_extra_params(self) -> frozenset[str]:
@@ -141,10 +144,16 @@ class ScriptedEngine(TextEngine):
                     name=words[words.index("#tool") + 1],
                     arguments=json.dumps({"q": "x"}),
                 )
-                yield TextDelta(
-                    choice, tool_calls=[call], finish_reason="tool_calls", completion_tokens=1
-                )
-                total += 1
+                chunks = int(words[words.index("#chunks") + 1]) if "#chunks" in words else 1
+                pieces = fragments(call, chunks)
+                for n, piece in enumerate(pieces, start=1):
+                    yield TextDelta(
+                        choice,
+                        tool_calls=[piece],
+                        finish_reason="tool_calls" if n == len(pieces) else None,
+                        completion_tokens=n,
+                    )
+                total += len(pieces)
                 continue
             produced = 0
             for word in self.reasoning.split():

@@ -9,6 +9,9 @@ any gateway (in-process or on Ray Serve). A turn is an object with any of:
 - ``reply``: answer text (one delta per word);
 - ``call`` (+ ``arguments``, an object or a raw string) or ``calls``
   (a list of ``{name, arguments}``): tool calls after the text;
+- ``chunks``: stream each call in that many fragments, the way OpenAI-style
+  streaming tool-call deltas arrive (same ``index``; only the first fragment
+  carries ``id`` and ``name``); without it a call comes whole in one delta;
 - ``fail_after``: raise after that many words of ``reply``; ``fail_before``.
 
 Turns past the end repeat the last one.
@@ -58,8 +61,21 @@ def _calls(turn: dict[str, Any], number: int) -> list[ToolCallDelta]:
     for i, spec in enumerate(specs):
         args = spec.get("arguments", {})
         raw = args if isinstance(args, str) else json.dumps(args)
-        calls.append(ToolCallDelta(id=f"call_t{number}_{i}", name=spec["name"], arguments=raw))
+        calls.append(
+            ToolCallDelta(id=f"call_t{number}_{i}", name=spec["name"], arguments=raw, index=i)
+        )
     return calls
+
+
+def fragments(call: ToolCallDelta, chunks: int) -> list[ToolCallDelta]:
+    """``call`` cut into ``chunks`` pieces of its arguments (the first may be empty)."""
+    size = -(-len(call.arguments) // chunks) if call.arguments else 0
+    pieces = [call.arguments[k * size : (k + 1) * size] for k in range(chunks)] if size else [""]
+    return [
+        ToolCallDelta(call.id if k == 0 else "", call.name if k == 0 else "", piece, call.index)
+        for k, piece in enumerate(pieces)
+        if k == 0 or piece
+    ]
 
 
 async def play_turn(
@@ -82,7 +98,13 @@ async def play_turn(
         produced += 1
         yield TextDelta(0, text=(" " if i else "") + word, completion_tokens=produced)
     calls = _calls(turn, number) if finish != "length" else []
-    if calls:
+    if calls and "chunks" in turn:
+        finish = "tool_calls"
+        for call in calls:
+            for fragment in fragments(call, int(turn["chunks"])):
+                produced += 1
+                yield TextDelta(0, tool_calls=[fragment], completion_tokens=produced)
+    elif calls:
         produced += len(calls)
         finish = "tool_calls"
         yield TextDelta(0, tool_calls=calls, completion_tokens=produced)

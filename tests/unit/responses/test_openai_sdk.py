@@ -109,3 +109,55 @@ async def test_sdk_stream_ending_incomplete_after_partial_text(
     assert final.response.incomplete_details is not None
     assert final.response.incomplete_details.reason == "upstream_error"
     assert final.response.output_text == "a b"
+
+
+async def test_sdk_parses_the_applied_settings(gateway: GatewayHarness) -> None:
+    """Issue 19: the typed Response states what was applied, not nulls."""
+    client = gateway.openai(gateway.keys["user"])
+    response = await client.responses.create(
+        model="scripted-chat", input="a b c d", max_output_tokens=2, temperature=0.5
+    )
+    assert response.status == "incomplete"
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    message = response.output[0]
+    assert message.type == "message" and message.status == "incomplete"
+    assert response.temperature == 0.5 and response.top_p == 1.0
+    assert response.max_output_tokens == 2 and response.max_tool_calls is None
+    assert response.truncation == "disabled" and response.background is False
+    assert response.parallel_tool_calls is True and response.tool_choice == "none"
+    assert response.text is not None and response.text.format is not None
+    assert response.text.format.type == "text"
+    assert response.completed_at is not None and response.completed_at >= response.created_at
+    assert response.usage is not None and response.usage.input_tokens_details.cached_tokens == 0
+
+
+async def test_sdk_streams_a_fragmented_function_call(tool_gateway: GatewayHarness) -> None:
+    client = tool_gateway.openai(tool_gateway.keys["tools"])
+    weather: Any = {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+    turns = script(
+        {"calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}] * 2, "chunks": 4}
+    )
+    snapshots: list[str] = []
+    async with client.responses.stream(
+        model="scripted-tools", input=turns, tools=[weather]
+    ) as stream:
+        async for event in stream:
+            if event.type == "response.function_call_arguments.delta":
+                snapshots.append(event.snapshot)
+        final = await stream.get_final_response()
+    assert len(snapshots) == 8  # four fragments per call, one delta event each
+    assert snapshots[3] == snapshots[7] == '{"city": "Paris"}'
+    calls = [item for item in final.output if item.type == "function_call"]
+    assert [(c.name, c.arguments, c.status) for c in calls] == [
+        ("get_weather", '{"city": "Paris"}', "completed")
+    ] * 2
+    assert calls[0].call_id != calls[1].call_id
+    tool = final.tools[0]
+    assert tool.type == "function" and tool.name == "get_weather"
+    assert tool.description == "Weather of a city"

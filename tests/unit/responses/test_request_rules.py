@@ -24,6 +24,28 @@ async def post(gw: GatewayHarness, body: dict[str, Any], key: str = "user") -> A
         (req(n=2), 400, "unknown_parameter", "n"),
         (req(stream_options={"include_usage": True}), 400, "unknown_parameter", "stream_options"),
         (req(reasoning={"effort": "low", "mode": "x"}), 400, "unknown_parameter", "reasoning.mode"),
+        # Open Responses request fields outside spec 4.3: refused, never silently dropped
+        *[
+            (req(**{name: value}), 400, "unknown_parameter", name)
+            for name, value in [
+                ("presence_penalty", 0.5),
+                ("frequency_penalty", 0.5),
+                ("top_logprobs", 2),
+                ("max_tool_calls", 3),
+                ("truncation", "auto"),
+                ("background", False),
+                ("service_tier", "auto"),
+                ("safety_identifier", "u1"),
+                ("prompt_cache_key", "k"),
+                ("include", ["reasoning.encrypted_content"]),
+            ]
+        ],
+        (
+            req(tool_choice={"type": "allowed_tools", "tools": [], "mode": "auto"}),
+            400,
+            "unsupported_parameter",
+            "tool_choice",
+        ),
         (req(store=True), 400, "unsupported_parameter", "store"),
         (req(previous_response_id="resp_1"), 400, "unsupported_parameter", "previous_response_id"),
         (
@@ -173,3 +195,13 @@ async def test_reasoning_effort_switches_thinking(gateway: GatewayHarness) -> No
         prompt, _ = gateway.engines["scripted-reasoner"].seen[-1]
         assert prompt is not None
         assert prompt.chat_template_kwargs == {"enable_thinking": thinking}
+
+
+async def test_parallel_tool_calls_false_is_named_as_ignored(gateway: GatewayHarness) -> None:
+    """Every call the model makes is returned, so false is not honoured: header, echo true."""
+    resp = await post(gateway, req(parallel_tool_calls=False))
+    assert resp.status_code == 200
+    assert "parallel_tool_calls" in resp.headers["x-service-ignored-params"]
+    assert resp.json()["parallel_tool_calls"] is True
+    resp = await post(gateway, req(parallel_tool_calls=True))
+    assert "x-service-ignored-params" not in resp.headers

@@ -55,6 +55,7 @@ async def test_full_event_order_with_tools_reasoning_and_function_call(
     kinds = [e["type"] for e in events]
     assert kinds == [
         "response.created",
+        "response.in_progress",
         "response.output_item.added",  # web_search_call
         "response.web_search_call.in_progress",
         "response.web_search_call.completed",
@@ -66,6 +67,8 @@ async def test_full_event_order_with_tools_reasoning_and_function_call(
         "response.content_part.done",
         "response.output_item.done",
         "response.output_item.added",  # function_call
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
         "response.output_item.done",
         "response.output_item.added",  # message
         "response.content_part.added",

@@ -1,0 +1,119 @@
+"""The request settings a Response reports: what was applied, not what was asked.
+
+Open Responses (OpenAPI 2026-04-24) makes every ``ResponseResource`` carry the
+settings it was generated with, non-null where a value applied. The gateway
+knows most of them exactly. A sampling value the request omits is the
+engine's: the head reports the model's ``generation_config`` values vLLM's
+serving layer applies (``HeadStarted.sampling_defaults``), and where it reports
+none the OpenAI defaults apply (temperature 1.0, top_p 1.0, no penalties).
+An externally served model's provider defaults are not known to the gateway;
+the OpenAI defaults are stated for it too (docs/api.md says so).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from serve_app.catalog.config import CatalogModel
+from serve_app.protocol.responses import ResponsesRequest
+from serve_app.tools.declarations import RESULTS_PER_SEARCH, ServerToolPlan
+
+ENGINE_DEFAULT_TEMPERATURE = 1.0
+ENGINE_DEFAULT_TOP_P = 1.0
+_SIZE_OF = {results: size for size, results in RESULTS_PER_SEARCH.items()}
+_EFFORT_ECHO = {"minimal": "low"}
+"""Efforts the schema lacks, echoed as the closest grade it has (the head only switches
+deliberation on or off, so ``minimal`` and ``low`` are applied identically)."""
+
+
+def echo_tools(functions: list[dict[str, Any]], plan: ServerToolPlan) -> list[dict[str, Any]]:
+    """Function tools flat (every key of the schema's FunctionTool), then the server tools
+    with the budgets and limits the loop applies."""
+    tools: list[dict[str, Any]] = []
+    for entry in functions:
+        function = entry["function"]
+        tools.append(
+            {
+                "type": "function",
+                "name": function["name"],
+                "description": function.get("description"),
+                "parameters": function.get("parameters"),
+                "strict": function.get("strict"),
+            }
+        )
+    for kind, budget in plan.budgets.items():
+        tool: dict[str, Any] = {"type": kind, "max_uses": budget}
+        if kind == "web_search":
+            tool["search_context_size"] = _SIZE_OF.get(plan.results_per_search, "medium")
+        if kind == "code_interpreter":
+            tool["timeout_s"] = plan.code_timeout_s
+        tools.append(tool)
+    return tools
+
+
+def echo_tool_choice(choice: Any, has_tools: bool) -> Any:
+    """The relayed choice in the Responses form; omitted means auto with tools, else none."""
+    if choice is None:
+        return "auto" if has_tools else "none"
+    if isinstance(choice, dict):  # chat form after ``convert_tool_choice``
+        return {"type": "function", "name": choice["function"]["name"]}
+    return choice
+
+
+def echo_reasoning(body: ResponsesRequest, model: CatalogModel) -> dict[str, Any] | None:
+    """``{effort, summary}`` on models that deliberate or were switched; else null.
+
+    ``effort: null`` means the model's own default; ``summary`` is never produced.
+    """
+    effort = body.reasoning.effort if body.reasoning is not None else None
+    if effort is not None:
+        return {"effort": _EFFORT_ECHO.get(effort, effort), "summary": None}
+    if model.reasoning.separate_channel or model.reasoning.controllable:
+        return {"effort": None, "summary": None}
+    return None
+
+
+def response_settings(
+    body: ResponsesRequest,
+    model: CatalogModel,
+    *,
+    functions: list[dict[str, Any]],
+    plan: ServerToolPlan,
+    tool_choice: Any,
+    max_output_tokens: int | None,
+    engine_defaults: dict[str, float],
+) -> dict[str, Any]:
+    """The ResponseResource fields that describe how the response was generated.
+
+    ``engine_defaults``: what the head reported applying to omitted sampling values.
+    """
+    tools = echo_tools(functions, plan)
+    defaults = {
+        "temperature": ENGINE_DEFAULT_TEMPERATURE,
+        "top_p": ENGINE_DEFAULT_TOP_P,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        **engine_defaults,
+    }
+    return {
+        "instructions": body.instructions,
+        "tools": tools,
+        "tool_choice": echo_tool_choice(tool_choice, bool(tools)),
+        "truncation": "disabled",  # an over-long input is a 400, never cut
+        "parallel_tool_calls": True,  # every call the model makes is returned
+        "text": {"format": {"type": "text"}},
+        "temperature": body.temperature
+        if body.temperature is not None
+        else defaults["temperature"],
+        "top_p": body.top_p if body.top_p is not None else defaults["top_p"],
+        "presence_penalty": defaults["presence_penalty"],  # not accepted on this route
+        "frequency_penalty": defaults["frequency_penalty"],
+        "top_logprobs": 0,
+        "reasoning": echo_reasoning(body, model),
+        "max_output_tokens": max_output_tokens,
+        "max_tool_calls": sum(plan.budgets.values()) if plan.declared else None,
+        "background": False,
+        "service_tier": "default",
+        "safety_identifier": None,
+        "prompt_cache_key": None,
+    }
