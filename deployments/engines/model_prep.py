@@ -348,6 +348,16 @@ def prepare_smollm2(target_dir: Path | None = None) -> Path:
     return prepare_packaged(SMOLLM2, target_dir)
 
 
+def _prepare_smolvlm_tiny(target_dir: Path | None = None) -> Path:
+    """The demo vision chat model built on SmolLM2 (imported late: that module builds on this)."""
+    from deployments.engines.tiny_vision_model import prepare_smolvlm_tiny
+
+    return prepare_smolvlm_tiny(target_dir)
+
+
+PREPARABLE_MODELS["smolvlm-tiny"] = _prepare_smolvlm_tiny
+
+
 def ensure_model(name: str, target_dir: Path | None = None) -> Path:
     """Return the folder of the preparable model ``name``, converting it on first use."""
     try:

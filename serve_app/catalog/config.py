@@ -141,6 +141,14 @@ class CatalogModel(_Strict):
         default=None, ge=1, description="Context window (max_model_len); None where meaningless."
     )
     max_output_tokens: int | None = Field(default=None, ge=1, description="max_tokens cap.")
+    max_images_per_request: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Images one request may carry (chat heads: the engine's own limit_mm_per_prompt); "
+            "None where the model takes no images."
+        ),
+    )
     native_tool_calling: bool = Field(
         default=False, description="Tool calls can be extracted (lists tools/tool_choice)."
     )
@@ -170,6 +178,8 @@ class CatalogModel(_Strict):
             raise ValueError(f"{self.id}: external models need pricing.mode 'external'")
         if self.head == "chat" and (self.context_length is None or self.max_output_tokens is None):
             raise ValueError(f"{self.id}: chat models need context_length and max_output_tokens")
+        if self.max_images_per_request is not None and "image" not in self.input_modalities:
+            raise ValueError(f"{self.id}: max_images_per_request without image input")
         return self
 
     @property

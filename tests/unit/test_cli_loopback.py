@@ -79,7 +79,8 @@ def test_prepare_exports_key_and_url_but_keeps_what_the_caller_set(
 def test_the_local_config_declares_the_loopback_model() -> None:
     config = load_serve_config("configs/local.yaml")
     assert uses_loopback_provider(config)
-    assert prepared_models(config) == ["smollm2-135m-instruct"]  # the external entry adds none
+    # The external entry adds none; the vision demo is built on SmolLM2 at first start.
+    assert prepared_models(config) == ["smollm2-135m-instruct", "smolvlm-tiny"]
 
 
 def test_base_url_env_replaces_the_configured_url_only_when_set() -> None:
