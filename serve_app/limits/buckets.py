@@ -48,6 +48,24 @@ class BucketSpec:
 
 
 @dataclass(frozen=True)
+class BucketState:
+    """A bucket right after an admission decision: what the ``x-ratelimit-*`` headers say.
+
+    ``used`` counts this request when it was admitted (its token reservation, not
+    yet its real usage); ``reset_ms`` is the wait until the bucket is back to its
+    full limit (every entry left the window; midnight UTC for the daily quota).
+    """
+
+    bucket: BucketSpec
+    used: int
+    reset_ms: int
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.bucket.limit - self.used)
+
+
+@dataclass(frozen=True)
 class Ticket:
     """An admission: what was reserved where, so the reservation can be settled."""
 
@@ -56,6 +74,7 @@ class Ticket:
     buckets: tuple[BucketSpec, ...]
     day: int
     admitted_at_ms: int
+    states: tuple[BucketState, ...] = ()
 
     def settled_buckets(self) -> tuple[BucketSpec, ...]:
         """Buckets whose reservation depends on the real usage (not request counts)."""
@@ -68,6 +87,7 @@ class Denial:
 
     bucket: BucketSpec
     retry_after_ms: int
+    states: tuple[BucketState, ...] = ()
 
     @property
     def retry_after_s(self) -> int:

@@ -21,6 +21,7 @@ from serve_app.limits.buckets import (
     Scope,
     Ticket,
 )
+from serve_app.limits.headers import rate_limit_headers, record_states
 from serve_app.protocol.errors import ModelUnavailableError, RateLimitError
 
 logger = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ def plan_buckets(principal: Principal, platform: PlatformLimits) -> list[BucketS
 def rate_limit_error(denial: Denial, window_s: float) -> RateLimitError:
     """The spec's 429: ``insufficient_quota`` for the day, else ``rate_limit_exceeded``."""
     bucket, wait = denial.bucket, denial.retry_after_s
-    headers = {"Retry-After": str(wait)}
+    headers = {**rate_limit_headers(denial.states), "Retry-After": str(wait)}
     if bucket.kind == "daily":
         return RateLimitError(
             f"The daily token quota of {bucket.limit} tokens for this user is used up; "
@@ -109,6 +110,7 @@ class RateLimiter:
                 "Rate limiting is temporarily unavailable; retry shortly.",
                 headers={"Retry-After": "1"},
             ) from None
+        record_states(outcome.states)
         if isinstance(outcome, Denial):
             raise rate_limit_error(outcome, self.platform.window_s)
         return outcome
