@@ -15,6 +15,7 @@ from ray import serve
 
 from deployments.replica_logging import configure_replica_logging
 from serve_app.auth.accounts import AccountStore
+from serve_app.auth.epoch import EpochWatch
 from serve_app.auth.service import AuthService
 from serve_app.catalog.catalog import Catalog
 from serve_app.config import GatewayAppArgs
@@ -88,7 +89,11 @@ def build_state(
     tools = ToolRuntime.from_options(config.tools)
     return GatewayState(
         catalog=catalog,
-        auth=AuthService(AccountStore(database, pepper=settings.key_pepper), settings),
+        auth=AuthService(
+            AccountStore(database, pepper=settings.key_pepper),
+            settings,
+            epochs=EpochWatch.build(database, settings.redis_url),
+        ),
         text=text,
         audio=AudioService(
             catalog,
@@ -179,3 +184,4 @@ class Gateway:
                 await state.dedicated.stop()  # hands the reconciler lease over at once
             await state.video.aclose()
             await state.text.metering.aclose()
+            await state.auth.aclose()

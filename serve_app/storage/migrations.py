@@ -275,12 +275,26 @@ _V4_JOB_SIZES = ("width", "height", "num_frames", "fps", "num_inference_steps")
 _V4_JOB_OPTIONAL_TS = ("started_at", "heartbeat_at", "finished_at")
 
 
+def _v5_auth_epoch(conn: Connection) -> None:
+    """One counter bumped by every account write: replicas poll it to drop stale auth caches."""
+    md = sa.MetaData()
+    table = sa.Table(
+        "auth_epoch",
+        md,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("value", sa.BigInteger, nullable=False),
+    )
+    md.create_all(conn)
+    conn.execute(sa.insert(table).values(id=1, value=0))
+
+
 # ---- The ordered history. Append new migrations at the end. ----------------
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "accounts", _v1_accounts),
     Migration(2, "usage_ledger", _v2_usage_ledger),
     Migration(3, "dedicated_endpoints", _v3_dedicated),
     Migration(4, "video_jobs", _v4_video_jobs),
+    Migration(5, "auth_epoch", _v5_auth_epoch),
 )
 
 

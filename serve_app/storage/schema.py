@@ -249,3 +249,11 @@ video_jobs = sa.Table(
     sa.Index("ix_video_jobs_user_created", "user_id", "created_at"),
     sa.Index("ix_video_jobs_model_status", "model", "status", "created_at"),
 )
+
+# One row (id 1): bumped in the transaction of every account write (serve_app.auth.epoch).
+auth_epoch = sa.Table(
+    "auth_epoch",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("value", sa.BigInteger, nullable=False),
+)
