@@ -72,7 +72,7 @@ def served_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[s
     thread.join(timeout=30)
 
 
-def test_schemathesis_finds_no_failure(served_gateway: tuple[str, str]) -> None:
+def test_schemathesis_finds_no_failure(served_gateway: tuple[str, str], tmp_path: Path) -> None:
     base, key = served_gateway
     st = Path(sys.executable).with_name("st")
     run = subprocess.run(
@@ -98,6 +98,7 @@ def test_schemathesis_finds_no_failure(served_gateway: tuple[str, str]) -> None:
         text=True,
         # Loopback only: no proxy variable may send the fuzzer's requests elsewhere.
         env={k: v for k, v in os.environ.items() if "proxy" not in k.lower()},
+        cwd=tmp_path,  # its cache folder (.schemathesis) stays out of the checkout
         timeout=400,
         check=False,
     )
