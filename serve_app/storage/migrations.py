@@ -288,6 +288,20 @@ def _v5_auth_epoch(conn: Connection) -> None:
     conn.execute(sa.insert(table).values(id=1, value=0))
 
 
+def _v6_dedicated_rate_cards(conn: Connection) -> None:
+    """Every dedicated rate card the gateway ran with, from when it took effect."""
+    md = sa.MetaData()
+    sa.Table(
+        "dedicated_rate_cards",
+        md,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("effective_from", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("card", sa.Text, nullable=False),
+        sa.Index("ix_dedicated_rate_cards_effective", "effective_from"),
+    )
+    md.create_all(conn)
+
+
 # ---- The ordered history. Append new migrations at the end. ----------------
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "accounts", _v1_accounts),
@@ -295,6 +309,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "dedicated_endpoints", _v3_dedicated),
     Migration(4, "video_jobs", _v4_video_jobs),
     Migration(5, "auth_epoch", _v5_auth_epoch),
+    Migration(6, "dedicated_rate_cards", _v6_dedicated_rate_cards),
 )
 
 

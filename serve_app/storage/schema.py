@@ -257,3 +257,14 @@ auth_epoch = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
     sa.Column("value", sa.BigInteger, nullable=False),
 )
+
+# Rate cards of dedicated endpoints as they changed: minutes are priced at the card in force
+# when they accrued (serve_app.dedicated.rates.month_usage).
+dedicated_rate_cards = sa.Table(
+    "dedicated_rate_cards",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("effective_from", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("card", sa.Text, nullable=False),
+    sa.Index("ix_dedicated_rate_cards_effective", "effective_from"),
+)
