@@ -21,6 +21,7 @@ from serve_app.catalog.catalog import Catalog
 from serve_app.config import GatewayAppArgs
 from serve_app.dedicated.backend import ServeBackend
 from serve_app.dedicated.facade import wire_dedicated
+from serve_app.dedicated.floor import build_floor_counts
 from serve_app.dedicated.ray_backend import RayServeBackend
 from serve_app.inference.audio_client import (
     SpeechClient,
@@ -124,7 +125,16 @@ def build_state(
             public_base_url=settings.public_base_url,
             metering=metering,
         ),
-        dedicated=wire_dedicated(config.dedicated, catalog, database, text, dedicated_backend),
+        dedicated=wire_dedicated(
+            config.dedicated,
+            catalog,
+            database,
+            text,
+            dedicated_backend,
+            floor=build_floor_counts(settings.redis_url, prefix=config.limits.redis_prefix)
+            if dedicated_backend is not None and config.dedicated.enabled
+            else None,
+        ),
     )
 
 

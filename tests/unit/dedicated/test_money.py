@@ -1,10 +1,12 @@
-"""Exact money on dedicated endpoints (issue 16): rate history, rollback of the policy."""
+"""Exact money on dedicated endpoints (issue 16): rate history, policy rollback, shared floor."""
 
 from __future__ import annotations
 
 import pytest
 
+from serve_app.dedicated.floor import FloorCounts, LocalFloorCounts, RedisFloorCounts
 from serve_app.dedicated.options import RateCardOptions
+from serve_app.dedicated.router import DedicatedRouter
 from tests.unit.dedicated.conftest import DedicatedHarness
 from tests.unit.dedicated.test_lifecycle import _active, _status
 
@@ -59,3 +61,34 @@ async def test_a_failed_engine_change_rolls_back_the_scaling_policy_too(
         state = await _status(c, eid)
         assert state["status"] == "active" and state["engine"] is None
         assert state["scaling"] == before
+
+
+@pytest.mark.parametrize("shared", ["redis", "memory"])
+async def test_the_hybrid_floor_is_counted_over_every_gateway_replica(
+    ded: DedicatedHarness, shared: str, request: pytest.FixtureRequest
+) -> None:
+    """Floor 1 x target_inputs 1: one call in flight anywhere fills the floor."""
+    async with ded.client() as c:
+        body = {"mode": "hybrid", "reserved_floor": 1, "max_replicas": 3}
+        eid = await _active(ded, c, **body, scaling={"target_inputs": 1})
+    row = ded.dedicated.store.get(eid)
+    assert row is not None
+    if shared == "redis":  # two gateway replicas, each with its own Redis connection
+        url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("redis_prefix")
+        counts: list[FloorCounts] = [RedisFloorCounts.from_url(url, prefix=prefix) for _ in "ab"]
+    else:  # the single-process default: one process, one count
+        counts = [LocalFloorCounts()] * 2
+    d = ded.dedicated
+    replica_a, replica_b = (
+        DedicatedRouter(d.store, d.router.offerings, d.options, d.backend, d.clock, floor)
+        for floor in counts
+    )
+    try:
+        assert await replica_a.choose_deployment(row, "call-1") == "head"
+        # Replica B has no call of its own in flight, but the floor is full.
+        assert await replica_b.choose_deployment(row, "call-2") == "burst"
+        await replica_a.floor.release("ded-my-bot", "head", "call-1")
+        assert await replica_b.choose_deployment(row, "call-3") == "head"
+    finally:
+        for floor in {id(f): f for f in counts}.values():
+            await floor.aclose()
