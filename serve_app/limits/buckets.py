@@ -95,11 +95,30 @@ class Denial:
         return max(1, math.ceil(self.retry_after_ms / 1000))
 
 
+@dataclass(frozen=True)
+class SeedNeeded:
+    """The daily counter of ``bucket`` for ``day`` does not exist (a new day, or the
+    counter was lost: Redis flushed or restarted, the process restarted). Nothing was
+    reserved; the limiter seeds it from the ledger and admits again."""
+
+    bucket: BucketSpec
+    day: int
+
+
 class CounterStore(Protocol):
     """Atomic admission against many buckets; settlement of token reservations."""
 
-    async def admit(self, member: str, buckets: Sequence[BucketSpec], cost: int) -> Ticket | Denial:
-        """Reserve ``cost`` tokens (and one request) in every bucket, or none of them."""
+    async def admit(
+        self, member: str, buckets: Sequence[BucketSpec], cost: int, *, seed_daily: bool = False
+    ) -> Ticket | Denial | SeedNeeded:
+        """Reserve ``cost`` tokens (and one request) in every bucket, or none of them.
+
+        ``seed_daily``: report a missing daily counter (``SeedNeeded``) instead of
+        counting it from zero."""
+        ...
+
+    async def seed_daily(self, bucket: BucketSpec, day: int, used: int) -> None:
+        """Create the daily counter at ``used`` unless it exists by now."""
         ...
 
     async def settle(self, ticket: Ticket, used: int) -> None:

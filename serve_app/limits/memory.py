@@ -20,6 +20,7 @@ from serve_app.limits.buckets import (
     BucketState,
     Clock,
     Denial,
+    SeedNeeded,
     Ticket,
     ms_to_midnight,
     pick_denial,
@@ -116,9 +117,17 @@ class InProcessCounterStore:
             return BucketState(bucket, 0, 0)
         return BucketState(bucket, log.total, log.entries[-1].ts + self._window_ms - now_ms)
 
-    async def admit(self, member: str, buckets: Sequence[BucketSpec], cost: int) -> Ticket | Denial:
+    async def admit(
+        self, member: str, buckets: Sequence[BucketSpec], cost: int, *, seed_daily: bool = False
+    ) -> Ticket | Denial | SeedNeeded:
         with self._lock:
             now_ms = self._now_ms()
+            if seed_daily:
+                day = utc_day(now_ms)
+                for bucket in buckets:
+                    stored = self._days.get(bucket.key)
+                    if bucket.kind == "daily" and (stored is None or stored[0] != day):
+                        return SeedNeeded(bucket, day)
             denials = [d for b in buckets if (d := self._check(b, now_ms)) is not None]
             denial = pick_denial(denials)
             if denial is not None:
@@ -132,6 +141,12 @@ class InProcessCounterStore:
                     self._logs[bucket.key].add(now_ms, member, weight)
             states = tuple(self._state(b, now_ms) for b in buckets)
             return Ticket(member, cost, tuple(buckets), day, now_ms, states)
+
+    async def seed_daily(self, bucket: BucketSpec, day: int, used: int) -> None:
+        with self._lock:
+            stored = self._days.get(bucket.key)
+            if stored is None or stored[0] != day:
+                self._days[bucket.key] = (day, used)
 
     async def settle(self, ticket: Ticket, used: int) -> None:
         with self._lock:

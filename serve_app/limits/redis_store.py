@@ -17,10 +17,19 @@ one admission lands on the same Redis Cluster slot):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
-from serve_app.limits.buckets import BucketSpec, BucketState, Clock, Denial, Ticket
+from serve_app.limits.buckets import (
+    DAY_MS,
+    BucketSpec,
+    BucketState,
+    Clock,
+    Denial,
+    SeedNeeded,
+    Ticket,
+)
 
 _COMMON = r"""
 local function weight_of(m)
@@ -37,6 +46,7 @@ if not now then
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local window, member, cost, n = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local seed = ARGV[6 + 2 * n] == '1'
 local cutoff = now - window
 local day = math.floor(now / 86400000)
 local midnight = (day + 1) * 86400000
@@ -92,7 +102,9 @@ for i = 1, n do
     used[i], reset[i] = total, newest_reset(z)
     if total >= limit then wait = tokens_wait(z, total, limit) end
   else
-    local spent = tonumber(redis.call('GET', KEYS[k] .. ':' .. day) or '0'); k = k + 1
+    local raw = redis.call('GET', KEYS[k] .. ':' .. day); k = k + 1
+    if not raw and seed then return {2, i, 0, now} end
+    local spent = tonumber(raw or '0')
     used[i], reset[i] = spent, (spent > 0) and (midnight - now) or 0
     if spent >= limit then wait = midnight - now end
   end
@@ -208,13 +220,18 @@ class RedisCounterStore:
         base = f"{self._prefix}:{bucket.key}"
         return [base, f"{base}:s"] if bucket.kind == "tokens" else [base]
 
-    async def admit(self, member: str, buckets: Sequence[BucketSpec], cost: int) -> Ticket | Denial:
+    async def admit(
+        self, member: str, buckets: Sequence[BucketSpec], cost: int, *, seed_daily: bool = False
+    ) -> Ticket | Denial | SeedNeeded:
         keys = [key for bucket in buckets for key in self._keys(bucket)]
         now = "" if self._clock is None else str(round(self._clock() * 1000))
         args: list[str | int] = [now, self._window_ms, member, cost, len(buckets)]
         for bucket in buckets:
             args += [bucket.kind, bucket.limit]
+        args.append("1" if seed_daily else "0")
         reply = await self._admit(keys=keys, args=args)
+        if int(reply[0]) == 2:
+            return SeedNeeded(buckets[int(reply[1]) - 1], int(reply[3]) // DAY_MS)
         states = tuple(
             BucketState(bucket, int(reply[4 + 2 * i]), int(reply[5 + 2 * i]))
             for i, bucket in enumerate(buckets)
@@ -222,6 +239,12 @@ class RedisCounterStore:
         if int(reply[0]) == 0:
             return Denial(buckets[int(reply[1]) - 1], int(reply[2]), states)
         return Ticket(member, cost, tuple(buckets), int(reply[1]), int(reply[2]), states)
+
+    async def seed_daily(self, bucket: BucketSpec, day: int, used: int) -> None:
+        """``SET NX``: a replica that seeded first (or a request counted since) wins."""
+        ttl_ms = (day + 1) * DAY_MS + 3_600_000 - round(time.time() * 1000)
+        key = f"{self._prefix}:{bucket.key}:{day}"
+        await self._redis.set(key, used, nx=True, px=max(ttl_ms, 1000))
 
     async def settle(self, ticket: Ticket, used: int) -> None:
         buckets = ticket.settled_buckets()
