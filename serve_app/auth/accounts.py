@@ -17,7 +17,8 @@ import hmac
 import logging
 import re
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -26,6 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
+from serve_app.auth.epoch import bump_in_transaction, bump_local
 from serve_app.auth.keys import display_prefix, generate_key, hash_key, looks_like_key
 from serve_app.auth.principal import ALL_SCOPES, ROLE_MEMBER, ROLES, Principal, UserLimits
 from serve_app.protocol.errors import InvalidRequestError, NotFoundError
@@ -139,11 +141,30 @@ def _limit_value(field: str, value: int | None) -> dict[str, int | None]:
 
 
 class AccountStore:
-    """Reads and writes accounts; ``pepper`` must match the one used to authenticate."""
+    """Reads and writes accounts; ``pepper`` must match the one used to authenticate.
 
-    def __init__(self, db: Database, *, pepper: str = "") -> None:
+    Every write that can change what a key may do (revocation, limits, tool
+    flags, roles, an org's switches) announces itself so replicas drop their
+    auth caches (``serve_app.auth.epoch``): in its transaction, in this process,
+    and through ``publish`` (Redis, when configured) once committed.
+    """
+
+    def __init__(
+        self, db: Database, *, pepper: str = "", publish: Callable[[], None] | None = None
+    ) -> None:
         self._db = db
         self._pepper = pepper
+        self._publish = publish
+
+    @contextmanager
+    def _account_write(self) -> Iterator[Connection]:
+        """A write transaction that bumps the accounts generation when it commits."""
+        with self._db.begin() as conn:
+            yield conn
+            bump_in_transaction(conn)
+        bump_local(self._db)
+        if self._publish is not None:
+            self._publish()
 
     def hash(self, raw_key: str) -> str:
         """The stored form of a raw key under this store's pepper."""
@@ -197,7 +218,7 @@ class AccountStore:
 
     def set_membership(self, user: str, org: str, role: str) -> None:
         """Make ``user`` a member of ``org`` with ``role``, creating either when missing."""
-        with self._db.begin() as conn:
+        with self._account_write() as conn:
             user_id = self._ensure_named(conn, users, "user", user)
             org_id = self._ensure_named(conn, orgs, "org", org)
             self._set_membership(conn, user_id, org_id, role)
@@ -218,7 +239,7 @@ class AccountStore:
         self, table: sa.Table, kind: str, name: str, values: Mapping[str, Any]
     ) -> sa.RowMapping:
         """Apply ``values`` to the named row and return it as now stored."""
-        with self._db.begin() as conn:
+        with self._account_write() as conn:
             if values:
                 conn.execute(sa.update(table).where(table.c.name == name).values(**values))
             row = conn.execute(sa.select(table).where(table.c.name == name)).mappings().first()
@@ -280,7 +301,7 @@ class AccountStore:
         limits = {**_limit_value("rpm", rpm), **_limit_value("tpm", tpm)}
         raw = generate_key()
         key_id = _new_id("key")
-        with self._db.begin() as conn:
+        with self._account_write() as conn:  # may change an existing membership's role
             user_id = self._ensure_named(conn, users, "user", user)
             org_id = self._ensure_named(conn, orgs, "org", org)
             current = conn.execute(
@@ -316,7 +337,7 @@ class AccountStore:
             .values(revoked_at=utcnow())
             .returning(api_keys.c.id)
         )
-        with self._db.begin() as conn:
+        with self._account_write() as conn:
             revoked_ids = list(conn.execute(revoke).scalars())
         for key_id in revoked_ids:
             logger.info("revoked key %s", key_id)

@@ -2,9 +2,11 @@
 
 Every inference request passes through ``authenticate``, so verified keys are
 cached by hash for ``auth_cache_seconds``: the database sees one lookup per key
-per interval and replica, not one per request. The price is that a revocation
-(or a flag change) takes effect after at most that interval. Failures are never
-cached, so a key works the moment it is created.
+per interval and replica, not one per request. A revocation, a flag or limit
+change must still take effect at once on every replica: the cache is dropped
+whenever the accounts generation moves (``serve_app.auth.epoch``: in-process at
+once, through Redis on the next request, through the database within 50 ms).
+Failures are never cached, so a key works the moment it is created.
 
 All four 401 cases share the code ``invalid_api_key`` as the spec requires;
 only the message differs, to tell a client what to fix.
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from typing import NoReturn, Protocol
 
 from serve_app.auth.accounts import StoredKey
+from serve_app.auth.epoch import EpochWatch, Seen
 from serve_app.auth.keys import KEY_BODY_LENGTH, KEY_PREFIX, looks_like_key
 from serve_app.auth.principal import Principal
 from serve_app.protocol.errors import AuthenticationError, PermissionDeniedError
@@ -45,6 +48,7 @@ class _TTLCache:
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, tuple[float, Principal]] = OrderedDict()
+        self.generation = 0
 
     def get(self, key: str) -> Principal | None:
         with self._lock:
@@ -58,10 +62,14 @@ class _TTLCache:
             self._entries.move_to_end(key)
             return principal
 
-    def put(self, key: str, principal: Principal) -> None:
+    def put(self, key: str, principal: Principal, generation: int) -> None:
+        """Cache unless the cache was cleared since ``generation`` was read: a lookup
+        that raced a revocation must not put the stale answer back."""
         if self._ttl <= 0 or self._max_entries <= 0:
             return
         with self._lock:
+            if generation != self.generation:
+                return
             self._entries[key] = (self._clock() + self._ttl, principal)
             self._entries.move_to_end(key)
             while len(self._entries) > self._max_entries:
@@ -70,6 +78,7 @@ class _TTLCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self.generation += 1
 
 
 def _invalid(message: str) -> AuthenticationError:
@@ -79,7 +88,8 @@ def _invalid(message: str) -> AuthenticationError:
 class AuthService:
     """Authenticates API keys and checks what an authenticated key may do.
 
-    ``clock`` is injectable so tests can move time past the cache TTL.
+    ``clock`` is injectable so tests can move time past the cache TTL;
+    ``epochs`` tells the cache when accounts changed (None: only the TTL does).
     """
 
     def __init__(
@@ -89,9 +99,28 @@ class AuthService:
         *,
         max_cache_entries: int = DEFAULT_CACHE_ENTRIES,
         clock: Callable[[], float] = time.monotonic,
+        epochs: EpochWatch | None = None,
     ) -> None:
         self._store = store
         self._cache = _TTLCache(settings.auth_cache_seconds, max_cache_entries, clock)
+        self._epochs = epochs
+        self._seen: Seen | None = None
+        self._seen_lock = threading.Lock()
+
+    def _observe(self, seen: Seen) -> None:
+        with self._seen_lock:
+            if seen != self._seen:
+                self._seen = seen
+                self._cache.clear()
+
+    async def refresh(self) -> None:
+        """Drop the cache if accounts changed anywhere; call before ``cached`` per request."""
+        if self._epochs is not None:
+            self._observe(await self._epochs.current())
+
+    async def aclose(self) -> None:
+        if self._epochs is not None:
+            await self._epochs.aclose()
 
     def cached(self, authorization_header: str | None) -> Principal | None:
         """The caller if its key was verified within the TTL, without touching the database.
@@ -110,6 +139,9 @@ class AuthService:
         """The caller behind ``Authorization: Bearer <key>``, or ``AuthenticationError`` (401)."""
         raw_key = _bearer_token(authorization_header)
         key_hash = self._store.hash(raw_key)
+        if self._epochs is not None:
+            self._observe(self._epochs.current_sync())
+        generation = self._cache.generation
         cached = self._cache.get(key_hash)
         if cached is not None:
             return cached
@@ -120,7 +152,7 @@ class AuthService:
             raise _invalid("This API key has been revoked.")
         if stored.principal is None:
             raise _invalid("This API key's user is no longer a member of its organization.")
-        self._cache.put(key_hash, stored.principal)
+        self._cache.put(key_hash, stored.principal, generation)
         return stored.principal
 
     def forget_cached(self) -> None:

@@ -91,6 +91,16 @@ class LedgerStore:
         with self._db.connect() as conn:
             return [UsageRecord(**dict(row)) for row in conn.execute(query).mappings()]
 
+    def tokens_between(self, user_id: str, start: datetime, end: datetime) -> int:
+        """Prompt + completion tokens billed to the user in [start, end): what the daily
+        quota counted, rebuilt when its counter was lost (``serve_app.limits``)."""
+        c = usage_records.c
+        query = sa.select(
+            sa.func.coalesce(sa.func.sum(c.prompt_tokens + c.completion_tokens), 0)
+        ).where(c.user_id == user_id, c.created_at >= start, c.created_at < end)
+        with self._db.connect() as conn:
+            return int(conn.execute(query).scalar() or 0)
+
     def totals(self, user_id: str, since: datetime | None = None) -> list[ModelTotals]:
         """Per model and currency, ordered by model."""
         c = usage_records.c

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from serve_app.auth.accounts import AccountStore, OrgRecord, UserRecord
+from serve_app.auth.epoch import RedisEpochPublisher
 from serve_app.auth.principal import ALL_SCOPES, ROLES
 from serve_app.cli import CommandError
 from serve_app.settings import GatewaySettings
@@ -52,11 +53,15 @@ def _limit(value: int | None) -> str:
 @contextmanager
 def _open_store(settings: GatewaySettings) -> Iterator[AccountStore]:
     db = Database.from_settings(settings)
+    # With Redis, every gateway replica sees this command's change on its next request.
+    publish = RedisEpochPublisher(settings.redis_url) if settings.redis_url else None
     try:
         db.migrate()
-        yield AccountStore(db, pepper=settings.key_pepper)
+        yield AccountStore(db, pepper=settings.key_pepper, publish=publish)
     finally:
         db.dispose()
+        if publish is not None:
+            publish.close()
 
 
 # ---- handlers ----------------------------------------------------------------

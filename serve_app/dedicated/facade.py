@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from serve_app.auth.principal import Principal
 from serve_app.catalog.catalog import Catalog
 from serve_app.dedicated.backend import ServeBackend
+from serve_app.dedicated.floor import FloorCounts
 from serve_app.dedicated.offering import Offerings
 from serve_app.dedicated.options import DedicatedOptions
 from serve_app.dedicated.reconciler import Reconciler
@@ -56,6 +57,7 @@ class Dedicated:
         offerings: Offerings,
         backend: ServeBackend,
         clock: Callable[[], datetime] = utcnow,
+        floor: FloorCounts | None = None,
     ) -> None:
         self.options = options
         self.store = store
@@ -63,7 +65,7 @@ class Dedicated:
         self.clock = clock
         self.service = DedicatedService(store, offerings, options, clock)
         self.redeploys = Redeploys(self.service)
-        self.router = DedicatedRouter(store, offerings, options, backend, clock)
+        self.router = DedicatedRouter(store, offerings, options, backend, clock, floor)
         self.reconciler = Reconciler(store, offerings, options, backend, clock)
 
     # ---- lifecycle ---------------------------------------------------------------

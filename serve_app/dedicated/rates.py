@@ -8,7 +8,7 @@ are tested exactly. A class a card has no rate for counts as zero and turns
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -100,12 +100,22 @@ def month_start(now: datetime) -> datetime:
     return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
 
 
-def month_usage(spans: Iterable[ReplicaSpan], card: RateCardOptions, now: datetime) -> MonthUsage:
-    """Replica-minutes of this month per class, and their cost at the card's rates.
+RateHistory = Sequence[tuple[datetime, RateCardOptions]]
+"""Cards with the time each took effect, oldest first (``DedicatedStore.rate_card_history``)."""
+
+
+def month_usage(
+    spans: Iterable[ReplicaSpan], card: RateCardOptions | RateHistory, now: datetime
+) -> MonthUsage:
+    """Replica-minutes of this month per class, and their cost at the rates in force.
 
     A span is clipped to [start of month, now]; minutes are replica-minutes
     (``month_minutes``) while the cost multiplies by the cards each replica held.
+    With a rate history, each minute is priced at the card in force when it
+    accrued (a span across a rate change is split at the change); minutes from
+    before the first recorded card are priced at that first card.
     """
+    history = [(_EARLIEST, card)] if isinstance(card, RateCardOptions) else list(card)
     begin = month_start(now)
     minutes: dict[CapacityClass, float] = {"reserved": 0.0, "spot": 0.0}
     cost = 0.0
@@ -115,14 +125,21 @@ def month_usage(spans: Iterable[ReplicaSpan], card: RateCardOptions, now: dateti
         end = min(_utc(span.end) if span.end else now, now)
         if end <= start:
             continue
-        span_minutes = (end - start).total_seconds() / 60
-        minutes[span.capacity_class] += span_minutes
-        rate = rate_per_card_minute(card, span.gpu_type, span.capacity_class)
-        if rate is None:
-            matches = False
-            continue
-        cost += span_minutes * span.cards * rate
+        minutes[span.capacity_class] += (end - start).total_seconds() / 60
+        for index, (effective, priced) in enumerate(history):
+            piece_start = start if index == 0 else max(start, _utc(effective))
+            piece_end = end if index + 1 == len(history) else min(end, _utc(history[index + 1][0]))
+            if piece_end <= piece_start:
+                continue
+            rate = rate_per_card_minute(priced, span.gpu_type, span.capacity_class)
+            if rate is None:
+                matches = False
+                continue
+            cost += (piece_end - piece_start).total_seconds() / 60 * span.cards * rate
     return MonthUsage(minutes["reserved"], minutes["spot"], cost, matches)
+
+
+_EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _utc(value: datetime) -> datetime:

@@ -197,11 +197,14 @@ class Reconciler:
         previous = row.previous
         if row.pending in ("mode", "engine") and not row.rolled_back and previous:
             logger.warning("endpoint %s: %s failed (%s); rolling back", row.id, row.pending, reason)
+            # Snapshots taken before the policy was part of them keep today's policy.
+            restored = {"scaling": previous["scaling"]} if "scaling" in previous else {}
             self.store.transition(
                 row,
                 mode=previous["mode"],
                 reserved_floor=previous["reserved_floor"],
                 engine=previous.get("engine"),
+                **restored,
                 pending="rollback",
                 pending_since=now,
                 rolled_back=True,

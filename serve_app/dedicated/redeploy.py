@@ -315,11 +315,13 @@ def _engine_dump(engine: DedicatedEngineConfig | None) -> dict[str, object]:
 
 
 def _snapshot(row: EndpointRow) -> dict[str, object]:
-    """The configuration a failed redeploy rolls back to."""
+    """The configuration a failed redeploy rolls back to: the scaling policy too, since an
+    engine change may replace it (a preset follows the new admission bound)."""
     return {
         "mode": row.mode,
         "reserved_floor": row.reserved_floor,
         "engine": None if row.engine is None else row.engine.model_dump(),
+        "scaling": None if row.scaling is None else row.scaling.model_dump(),
     }
 
 

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from serve_app.auth.principal import Principal
 from serve_app.catalog.config import CatalogModel, PricingConfig
 from serve_app.dedicated.alias import app_name_for, is_dedicated_alias, slug_of
 from serve_app.dedicated.backend import ServeBackend
+from serve_app.dedicated.floor import FloorCounts, LocalFloorCounts
 from serve_app.dedicated.offering import Offerings
 from serve_app.dedicated.options import DedicatedOptions
 from serve_app.dedicated.policy import BURST, HEAD
@@ -114,7 +116,8 @@ class DedicatedHeadClient:
 
     async def stream(self, request: HeadRequest) -> AsyncIterator[HeadEvent]:
         app = app_name_for(self.row.slug)
-        deployment = self.router.pick_deployment(self.row)
+        call_id = f"{request.request_id}:{uuid.uuid4().hex[:12]}"  # unique per model turn
+        deployment = await self.router.choose_deployment(self.row, call_id)
         inner = self.router.backend.head_client(app, deployment, self.row.alias)
         record = CallRecord(self.row.id, self.woke, at=self.router.clock())
         key = (app, deployment)
@@ -127,6 +130,8 @@ class DedicatedHeadClient:
         finally:
             self.router.in_flight[key] -= 1
             self.router.pending_rows.append(record.row())
+            if self.router.counts_floor(self.row):
+                await self.router.floor.release(app, deployment, call_id)
 
 
 class DedicatedRouter:
@@ -139,12 +144,15 @@ class DedicatedRouter:
         options: DedicatedOptions,
         backend: ServeBackend,
         clock: Callable[[], datetime] = utcnow,
+        floor: FloorCounts | None = None,
     ) -> None:
         self.store = store
         self.offerings = offerings
         self.options = options
         self.backend = backend
         self.clock = clock
+        self.floor: FloorCounts = floor or LocalFloorCounts()
+        """Calls on hybrid floors, shared by every gateway replica when Redis is set."""
         self.in_flight: defaultdict[tuple[str, str], int] = defaultdict(int)
         self.pending_rows: list[dict[str, Any]] = []
         self._by_alias: dict[str, EndpointRow] = {}
@@ -180,6 +188,7 @@ class DedicatedRouter:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         await asyncio.to_thread(self.flush)
+        await self.floor.aclose()
 
     async def _poll(self) -> None:
         while True:
@@ -237,13 +246,18 @@ class DedicatedRouter:
         self._by_alias[row.alias] = fresh
         return fresh
 
-    def pick_deployment(self, row: EndpointRow) -> str:
-        """Hybrid: the reserved floor first, spot burst once the floor is busy."""
-        if row.mode != "hybrid" or row.max_replicas <= row.reserved_floor:
+    @staticmethod
+    def counts_floor(row: EndpointRow) -> bool:
+        """Only a hybrid endpoint with a burst beyond its floor chooses between the two."""
+        return row.mode == "hybrid" and row.max_replicas > row.reserved_floor
+
+    async def choose_deployment(self, row: EndpointRow, call_id: str) -> str:
+        """Hybrid: the reserved floor first, spot burst once the floor is busy, counted
+        over every gateway replica's calls (``serve_app.dedicated.floor``)."""
+        if not self.counts_floor(row):
             return HEAD
-        target = self._target_inputs(row)
-        busy = self.in_flight[(app_name_for(row.slug), HEAD)]
-        return HEAD if busy < row.reserved_floor * target else BURST
+        cap = row.reserved_floor * self._target_inputs(row)
+        return await self.floor.choose(app_name_for(row.slug), HEAD, BURST, cap, call_id)
 
     def _target_inputs(self, row: EndpointRow) -> int:
         if row.scaling is not None and row.scaling.target_inputs is not None:

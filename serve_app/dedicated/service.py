@@ -21,7 +21,13 @@ from serve_app.dedicated.engine_offer import validate_engine
 from serve_app.dedicated.offering import Offering, Offerings, app_spec
 from serve_app.dedicated.options import DedicatedOptions
 from serve_app.dedicated.policy import check_with_serve, default_policy, validate_policy
-from serve_app.dedicated.rates import mode_priced, month_start, month_usage, rate_card_view
+from serve_app.dedicated.rates import (
+    RateHistory,
+    mode_priced,
+    month_start,
+    month_usage,
+    rate_card_view,
+)
 from serve_app.dedicated.store import DedicatedStore, EndpointRow, ReplicaEvent
 from serve_app.dedicated.views import endpoint_view, spans
 from serve_app.protocol.dedicated import (
@@ -121,7 +127,7 @@ class DedicatedService:
         by_endpoint: dict[str, list[ReplicaEvent]] = {r.id: [] for r in rows}
         for event in events:
             by_endpoint[event.endpoint_id].append(event)
-        card = self.options.rate_card
+        card = self.rate_history(now)
         return [
             endpoint_view(
                 row,
@@ -132,6 +138,10 @@ class DedicatedService:
             )
             for row in rows
         ]
+
+    def rate_history(self, now: datetime) -> RateHistory:
+        """The cards minutes are priced at; records the configured one when it is new."""
+        return self.store.rate_card_history(self.options.rate_card, now)
 
     def view(self, row: EndpointRow) -> DedicatedEndpoint:
         return self.views([row])[0]
@@ -148,7 +158,7 @@ class DedicatedService:
     def org_month_cost(self, org_id: str) -> float:
         now = self.clock()
         events = self.store.events_since(self.store.org_endpoint_ids(org_id), month_start(now))
-        return month_usage(spans(events), self.options.rate_card, now).cost
+        return month_usage(spans(events), self.rate_history(now), now).cost
 
     def check_spending(self, principal: Principal) -> PaymentRequiredError | None:
         cap = self.options.monthly_spend_cap

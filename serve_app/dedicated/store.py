@@ -19,6 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
+from serve_app.dedicated.options import RateCardOptions
 from serve_app.protocol.dedicated import DedicatedEngineConfig, DedicatedScalingPolicy, Mode
 from serve_app.protocol.errors import ConflictError, PermissionDeniedError
 from serve_app.storage.db import Database
@@ -27,6 +28,9 @@ from serve_app.storage.schema import (
 )
 from serve_app.storage.schema import (
     dedicated_leases as leases,
+)
+from serve_app.storage.schema import (
+    dedicated_rate_cards as rate_cards,
 )
 from serve_app.storage.schema import (
     dedicated_replicas as replicas,
@@ -226,6 +230,27 @@ class DedicatedStore:
         with self.db.connect() as conn:
             events = [_event(r) for r in conn.execute(query).mappings()]
         return {(e.endpoint_id, e.replica_id): e for e in events}
+
+    # ---- rate cards ------------------------------------------------------------
+    def rate_card_history(
+        self, current: RateCardOptions, now: datetime
+    ) -> list[tuple[datetime, RateCardOptions]]:
+        """Every card with the time it took effect, oldest first; ``current`` is recorded
+        (effective ``now``) when it differs from the latest one, so a changed config
+        prices only the minutes that accrue from then on."""
+        query = sa.select(rate_cards.c.effective_from, rate_cards.c.card).order_by(
+            rate_cards.c.effective_from, rate_cards.c.id
+        )
+        with self.db.connect() as conn:
+            rows = conn.execute(query).all()
+        history = [(_utc(r[0]), RateCardOptions.model_validate_json(r[1])) for r in rows]
+        if not history or history[-1][1] != current:
+            with self.db.begin() as conn:
+                conn.execute(
+                    sa.insert(rate_cards).values(effective_from=now, card=current.model_dump_json())
+                )
+            history.append((now, current))
+        return history
 
     def add_event(self, event: ReplicaEvent) -> None:
         with self.db.begin() as conn:

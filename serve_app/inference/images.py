@@ -2,28 +2,38 @@
 
 Every image reaches the engine as a ``data:`` URI whose media type comes from
 the bytes, never from what the client declared. Remote URLs are fetched by the
-gateway itself under hostile-input rules: http(s) only, every resolved address
-must be public (no loopback, private, link-local or reserved ranges, checked
-again on each redirect and pinned for the connection so DNS cannot be swapped
-between check and use), a size cap enforced while streaming, and a per-request
-count cap.
+gateway itself through the one outbound guard (``serve_app.outbound``, shared
+with ``web_fetch``): http(s) only, every resolved address public (embedded IPv4
+unwrapped), checked again on each redirect and pinned for the connection so DNS
+cannot be swapped between check and use, proxy variables ignored, a size cap
+enforced while streaming, and a per-request count cap.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import io
-import ipaddress
-import socket
+from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import SplitResult, urljoin, urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import httpx
 from PIL import Image, UnidentifiedImageError
 
+from serve_app.outbound import AddressGuard, FetchLimits, OutboundError, safe_get
+from serve_app.outbound.addresses import is_public_address
 from serve_app.protocol.errors import InvalidRequestError
+
+__all__ = [
+    "ImageFetcher",
+    "ImagePolicy",
+    "check_image_bytes",
+    "decode_data_uri",
+    "is_public_address",
+    "sniff_format",
+    "validate_image_bytes",
+]
 
 MAX_IMAGE_BYTES = 8 * 1024 * 1024
 MAX_FETCHED_URLS = 8
@@ -45,12 +55,18 @@ _PIL_FORMATS["TIFF"] = "tiff"
 
 @dataclass(frozen=True)
 class ImagePolicy:
-    """Limits for image handling; tests may allow loopback hosts for a local server."""
+    """Limits for image handling.
+
+    ``allow_private_hosts`` turns the address guard off and ``address_allowed``
+    replaces it: both for tests only (a local image server); loopback alone can
+    also be allowed by ``GATEWAY_OUTBOUND_ALLOW_LOOPBACK_FOR_TESTS``.
+    """
 
     max_bytes: int = MAX_IMAGE_BYTES
     max_fetched_urls: int = MAX_FETCHED_URLS
     fetch_timeout_s: float = 10.0
     allow_private_hosts: bool = False
+    address_allowed: Callable[[str], bool] | None = None
 
 
 def sniff_format(data: bytes) -> str | None:
@@ -105,12 +121,29 @@ def decode_data_uri(uri: str, param: str) -> bytes:
 
 
 class ImageFetcher:
-    """Fetches remote images for one request, counting URLs against the cap."""
+    """Fetches remote images for one request, counting URLs against the cap.
+
+    The fetch itself is the gateway's one outbound guard (``serve_app.outbound``):
+    every resolved address public (embedded IPv4 unwrapped), the connection
+    pinned to the vetted address, every redirect re-checked, proxy variables
+    ignored. ``client`` is for tests and must neither follow redirects nor trust
+    the environment.
+    """
 
     def __init__(self, policy: ImagePolicy, client: httpx.AsyncClient | None = None) -> None:
         self.policy = policy
         self._client = client
         self.fetched = 0
+        self._guard = AddressGuard(
+            allow_private=policy.allow_private_hosts, allowed=policy.address_allowed
+        )
+        self._limits = FetchLimits(
+            timeout_s=policy.fetch_timeout_s,
+            max_bytes=policy.max_bytes,
+            max_redirects=_MAX_REDIRECTS,
+            oversize="refuse",
+            accept="image/*",
+        )
 
     async def resolve(self, url: str, param: str) -> str:
         """A data URI for ``url`` (data: or http(s)), validated by bytes."""
@@ -127,83 +160,25 @@ class ImageFetcher:
 
     async def _fetch(self, url: str, param: str) -> bytes:
         try:
-            async with asyncio.timeout(self.policy.fetch_timeout_s):
-                return await self._fetch_following(url, param)
-        except TimeoutError:
-            raise _invalid(param, "fetching the image timed out") from None
-        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as err:
-            # ValueError: a redirect to an unparseable Location, a host IDNA cannot encode.
-            raise _invalid(
-                param, f"the image could not be fetched ({type(err).__name__})"
-            ) from None
+            fetched = await safe_get(url, self._limits, self._guard, client=self._client)
+        except OutboundError as err:
+            raise _invalid(param, self._reason(err)) from None
+        if fetched.status != 200:
+            raise _invalid(param, "the image URL answered with an error")
+        return fetched.body
 
-    async def _fetch_following(self, url: str, param: str) -> bytes:
-        client = self._client or httpx.AsyncClient(follow_redirects=False)
-        try:
-            for _ in range(_MAX_REDIRECTS + 1):
-                response = await self._get_pinned(client, url, param)
-                if response is None:
-                    raise _invalid(param, "the image URL answered with an error")
-                if isinstance(response, str):
-                    url = response
-                    continue
-                return response
-            raise _invalid(param, "too many redirects while fetching the image")
-        finally:
-            if self._client is None:
-                await client.aclose()
-
-    async def _get_pinned(
-        self, client: httpx.AsyncClient, url: str, param: str
-    ) -> bytes | str | None:
-        """GET one hop on a vetted address; a redirect returns the next URL."""
-        parts, explicit_port = _split(url, param)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise _invalid(param, "image URLs must be http(s) with a host")
-        address = await self._public_address(parts.hostname, explicit_port, parts.scheme, param)
-        port = explicit_port or (443 if parts.scheme == "https" else 80)
-        host_for_url = f"[{address}]" if ":" in address else address
-        pinned = parts._replace(netloc=f"{host_for_url}:{port}").geturl()
-        headers = {"Host": parts.netloc.rsplit("@", 1)[-1], "Accept": "image/*"}
-        extensions = {"sni_hostname": parts.hostname} if parts.scheme == "https" else {}
-        request = client.build_request("GET", pinned, headers=headers, extensions=extensions)
-        response = await client.send(request, stream=True)
-        try:
-            if response.is_redirect and "location" in response.headers:
-                return urljoin(url, response.headers["location"])
-            if response.status_code != 200:
-                return None
-            return await self._read_capped(response, param)
-        finally:
-            await response.aclose()
-
-    async def _read_capped(self, response: httpx.Response, param: str) -> bytes:
-        declared = response.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > self.policy.max_bytes:
-            raise _invalid(param, f"the image is larger than {self.policy.max_bytes} bytes")
-        body = bytearray()
-        async for chunk in response.aiter_bytes():
-            body.extend(chunk)
-            if len(body) > self.policy.max_bytes:
-                raise _invalid(param, f"the image is larger than {self.policy.max_bytes} bytes")
-        return bytes(body)
-
-    async def _public_address(self, host: str, port: int | None, scheme: str, param: str) -> str:
-        loop = asyncio.get_running_loop()
-        try:
-            infos = await loop.getaddrinfo(
-                host, port or (443 if scheme == "https" else 80), type=socket.SOCK_STREAM
-            )
-        except (socket.gaierror, UnicodeError, ValueError):
-            raise _invalid(param, "the image host does not resolve") from None
-        addresses = [str(info[4][0]) for info in infos]
-        if not addresses:
-            raise _invalid(param, "the image host does not resolve")
-        if not self.policy.allow_private_hosts:
-            for addr in addresses:
-                if not is_public_address(addr):
-                    raise _invalid(param, "image URLs may not point at private addresses")
-        return addresses[0]
+    def _reason(self, err: OutboundError) -> str:
+        reasons = {
+            "bad_url": "the image URL is malformed",
+            "scheme": "image URLs must be http(s) with a host",
+            "unresolvable": "the image host does not resolve",
+            "refused": "image URLs may not point at private addresses",
+            "too_large": f"the image is larger than {self.policy.max_bytes} bytes",
+            "redirects": "too many redirects while fetching the image",
+            "timeout": "fetching the image timed out",
+        }
+        failed = f"the image could not be fetched{str(err).removeprefix('failed')}"
+        return reasons.get(err.kind, failed)
 
 
 def _split(url: str, param: str) -> tuple[SplitResult, int | None]:
@@ -214,17 +189,6 @@ def _split(url: str, param: str) -> tuple[SplitResult, int | None]:
         return parts, parts.port
     except ValueError:
         raise _invalid(param, "the image URL is malformed") from None
-
-
-def is_public_address(address: str) -> bool:
-    """True only for globally routable unicast addresses."""
-    try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_global and not (ip.is_multicast or ip.is_reserved or ip.is_loopback)
 
 
 def _invalid(param: str, reason: str) -> InvalidRequestError:

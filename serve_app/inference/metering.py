@@ -256,7 +256,9 @@ def build_metering(
     store = counters or build_counter_store(
         settings.redis_url, window_s=limits.window_s, prefix=limits.redis_prefix
     )
-    limiter = RateLimiter(store, platform, fail_open=limits.fail_open)
+    # The ledger rebuilds a lost daily quota counter (only when there is a ledger to read).
+    daily_usage = LedgerStore(database).tokens_between if config.ledger.enabled else None
+    limiter = RateLimiter(store, platform, fail_open=limits.fail_open, daily_usage=daily_usage)
     ledger = None
     if config.ledger.enabled:
         spool = (

@@ -13,6 +13,9 @@ from fastapi import FastAPI
 from serve_app.ingress.body_limit import BodyLimitMiddleware
 from serve_app.ingress.errors import install_error_handlers
 from serve_app.ingress.idempotency import IdempotencyMiddleware
+from serve_app.ingress.methods import AllowedMethodsMiddleware
+from serve_app.ingress.openapi import install_openapi
+from serve_app.ingress.ratelimit_headers import RateLimitHeadersMiddleware
 from serve_app.ingress.state import GatewayState
 from serve_app.routes import (
     audio,
@@ -59,9 +62,14 @@ def create_app(
     ):
         app.include_router(module.router)
     install_error_handlers(app)
+    install_openapi(app)
     # Inner to the body limit: a retry with an Idempotency-Key is answered from the
     # first attempt's stored answer, never generated (or billed) again.
     app.add_middleware(IdempotencyMiddleware, store=state.text.metering.replays)
+    # Outer to idempotency: a replayed answer was not admitted again and carries no
+    # stale x-ratelimit-* headers of the first attempt.
+    app.add_middleware(RateLimitHeadersMiddleware)
+    app.add_middleware(AllowedMethodsMiddleware, router=app.router)
     limits = {**audio.body_limits(state.audio), **(body_limits or {})}
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=max_body_bytes, limits=limits, streamed=audio.STREAMED_PATHS

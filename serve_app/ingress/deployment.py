@@ -15,11 +15,13 @@ from ray import serve
 
 from deployments.replica_logging import configure_replica_logging
 from serve_app.auth.accounts import AccountStore
+from serve_app.auth.epoch import EpochWatch
 from serve_app.auth.service import AuthService
 from serve_app.catalog.catalog import Catalog
 from serve_app.config import GatewayAppArgs
 from serve_app.dedicated.backend import ServeBackend
 from serve_app.dedicated.facade import wire_dedicated
+from serve_app.dedicated.floor import build_floor_counts
 from serve_app.dedicated.ray_backend import RayServeBackend
 from serve_app.inference.audio_client import (
     SpeechClient,
@@ -88,7 +90,11 @@ def build_state(
     tools = ToolRuntime.from_options(config.tools, settings.state_dir)
     return GatewayState(
         catalog=catalog,
-        auth=AuthService(AccountStore(database, pepper=settings.key_pepper), settings),
+        auth=AuthService(
+            AccountStore(database, pepper=settings.key_pepper),
+            settings,
+            epochs=EpochWatch.build(database, settings.redis_url),
+        ),
         text=text,
         audio=AudioService(
             catalog,
@@ -119,7 +125,16 @@ def build_state(
             public_base_url=settings.public_base_url,
             metering=metering,
         ),
-        dedicated=wire_dedicated(config.dedicated, catalog, database, text, dedicated_backend),
+        dedicated=wire_dedicated(
+            config.dedicated,
+            catalog,
+            database,
+            text,
+            dedicated_backend,
+            floor=build_floor_counts(settings.redis_url, prefix=config.limits.redis_prefix)
+            if dedicated_backend is not None and config.dedicated.enabled
+            else None,
+        ),
     )
 
 
@@ -179,3 +194,4 @@ class Gateway:
                 await state.dedicated.stop()  # hands the reconciler lease over at once
             await state.video.aclose()
             await state.text.metering.aclose()
+            await state.auth.aclose()

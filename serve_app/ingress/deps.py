@@ -24,6 +24,7 @@ State = Annotated[GatewayState, Depends(get_state)]
 async def _authenticate(request: Request) -> Principal:
     state: GatewayState = request.app.state.gateway
     header = request.headers.get("authorization")
+    await state.auth.refresh()  # a revocation anywhere drops this replica's cache first
     principal = state.auth.cached(header)
     if principal is not None:
         return principal

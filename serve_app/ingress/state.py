@@ -28,6 +28,12 @@ class Authenticator(Protocol):
 
     def cached(self, authorization: str | None) -> Principal | None: ...
 
+    async def refresh(self) -> None:
+        """Drop cached callers when accounts changed (revocations on other replicas)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
 
 @dataclass
 class GatewayState:

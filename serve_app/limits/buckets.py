@@ -48,6 +48,24 @@ class BucketSpec:
 
 
 @dataclass(frozen=True)
+class BucketState:
+    """A bucket right after an admission decision: what the ``x-ratelimit-*`` headers say.
+
+    ``used`` counts this request when it was admitted (its token reservation, not
+    yet its real usage); ``reset_ms`` is the wait until the bucket is back to its
+    full limit (every entry left the window; midnight UTC for the daily quota).
+    """
+
+    bucket: BucketSpec
+    used: int
+    reset_ms: int
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.bucket.limit - self.used)
+
+
+@dataclass(frozen=True)
 class Ticket:
     """An admission: what was reserved where, so the reservation can be settled."""
 
@@ -56,6 +74,7 @@ class Ticket:
     buckets: tuple[BucketSpec, ...]
     day: int
     admitted_at_ms: int
+    states: tuple[BucketState, ...] = ()
 
     def settled_buckets(self) -> tuple[BucketSpec, ...]:
         """Buckets whose reservation depends on the real usage (not request counts)."""
@@ -68,6 +87,7 @@ class Denial:
 
     bucket: BucketSpec
     retry_after_ms: int
+    states: tuple[BucketState, ...] = ()
 
     @property
     def retry_after_s(self) -> int:
@@ -75,11 +95,30 @@ class Denial:
         return max(1, math.ceil(self.retry_after_ms / 1000))
 
 
+@dataclass(frozen=True)
+class SeedNeeded:
+    """The daily counter of ``bucket`` for ``day`` does not exist (a new day, or the
+    counter was lost: Redis flushed or restarted, the process restarted). Nothing was
+    reserved; the limiter seeds it from the ledger and admits again."""
+
+    bucket: BucketSpec
+    day: int
+
+
 class CounterStore(Protocol):
     """Atomic admission against many buckets; settlement of token reservations."""
 
-    async def admit(self, member: str, buckets: Sequence[BucketSpec], cost: int) -> Ticket | Denial:
-        """Reserve ``cost`` tokens (and one request) in every bucket, or none of them."""
+    async def admit(
+        self, member: str, buckets: Sequence[BucketSpec], cost: int, *, seed_daily: bool = False
+    ) -> Ticket | Denial | SeedNeeded:
+        """Reserve ``cost`` tokens (and one request) in every bucket, or none of them.
+
+        ``seed_daily``: report a missing daily counter (``SeedNeeded``) instead of
+        counting it from zero."""
+        ...
+
+    async def seed_daily(self, bucket: BucketSpec, day: int, used: int) -> None:
+        """Create the daily counter at ``used`` unless it exists by now."""
         ...
 
     async def settle(self, ticket: Ticket, used: int) -> None:

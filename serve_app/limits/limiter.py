@@ -9,18 +9,24 @@ touches the counter store at all.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from serve_app.auth.principal import Principal
 from serve_app.limits.buckets import (
+    DAY_MS,
     BucketKind,
     BucketSpec,
     CounterStore,
     Denial,
     Scope,
+    SeedNeeded,
     Ticket,
 )
+from serve_app.limits.headers import rate_limit_headers, record_states
 from serve_app.protocol.errors import ModelUnavailableError, RateLimitError
 
 logger = logging.getLogger(__name__)
@@ -62,7 +68,7 @@ def plan_buckets(principal: Principal, platform: PlatformLimits) -> list[BucketS
 def rate_limit_error(denial: Denial, window_s: float) -> RateLimitError:
     """The spec's 429: ``insufficient_quota`` for the day, else ``rate_limit_exceeded``."""
     bucket, wait = denial.bucket, denial.retry_after_s
-    headers = {"Retry-After": str(wait)}
+    headers = {**rate_limit_headers(denial.states), "Retry-After": str(wait)}
     if bucket.kind == "daily":
         return RateLimitError(
             f"The daily token quota of {bucket.limit} tokens for this user is used up; "
@@ -80,15 +86,45 @@ def rate_limit_error(denial: Denial, window_s: float) -> RateLimitError:
     )
 
 
+DailyUsage = Callable[[str, datetime, datetime], int]
+"""Tokens a user was billed in [start, end) according to the ledger (the SQL source of truth)."""
+
+
 class RateLimiter:
-    """Admits requests before any byte is sent and settles them afterwards."""
+    """Admits requests before any byte is sent and settles them afterwards.
+
+    ``daily_usage`` (the ledger) rebuilds a daily quota counter that does not exist:
+    Redis lost it (flushed, restarted without persistence) or this process restarted.
+    Without it a lost counter would start the day over at zero.
+    """
 
     def __init__(
-        self, store: CounterStore, platform: PlatformLimits, *, fail_open: bool = True
+        self,
+        store: CounterStore,
+        platform: PlatformLimits,
+        *,
+        fail_open: bool = True,
+        daily_usage: DailyUsage | None = None,
     ) -> None:
         self.store = store
         self.platform = platform
         self.fail_open = fail_open
+        self.daily_usage = daily_usage
+
+    async def _admit(
+        self, principal: Principal, request_id: str, buckets: list[BucketSpec], cost: int
+    ) -> Ticket | Denial:
+        seed = self.daily_usage is not None
+        outcome = await self.store.admit(request_id, buckets, cost, seed_daily=seed)
+        if isinstance(outcome, SeedNeeded) and self.daily_usage is not None:
+            start = datetime.fromtimestamp(outcome.day * DAY_MS / 1000, UTC)
+            used = await asyncio.to_thread(
+                self.daily_usage, principal.user_id, start, start + timedelta(days=1)
+            )
+            await self.store.seed_daily(outcome.bucket, outcome.day, used)
+            outcome = await self.store.admit(request_id, buckets, cost)
+        assert not isinstance(outcome, SeedNeeded)  # only reported when asked to
+        return outcome
 
     async def admit(self, principal: Principal, request_id: str, cost: int) -> Ticket | None:
         """Reserve one request and ``cost`` tokens, or raise the 429.
@@ -100,7 +136,7 @@ class RateLimiter:
         if not buckets:
             return None
         try:
-            outcome = await self.store.admit(request_id, buckets, max(0, cost))
+            outcome = await self._admit(principal, request_id, buckets, max(0, cost))
         except Exception:
             logger.exception("counter store unavailable during admission")
             if self.fail_open:
@@ -109,6 +145,7 @@ class RateLimiter:
                 "Rate limiting is temporarily unavailable; retry shortly.",
                 headers={"Retry-After": "1"},
             ) from None
+        record_states(outcome.states)
         if isinstance(outcome, Denial):
             raise rate_limit_error(outcome, self.platform.window_s)
         return outcome

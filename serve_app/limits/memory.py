@@ -13,11 +13,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 
 from serve_app.limits.buckets import (
     BucketSpec,
+    BucketState,
     Clock,
     Denial,
+    SeedNeeded,
     Ticket,
     ms_to_midnight,
     pick_denial,
@@ -105,13 +108,30 @@ class InProcessCounterStore:
         wait = self._log(bucket.key, now_ms).wait_ms(bucket.limit, now_ms, self._window_ms)
         return None if wait is None else Denial(bucket, wait)
 
-    async def admit(self, member: str, buckets: Sequence[BucketSpec], cost: int) -> Ticket | Denial:
+    def _state(self, bucket: BucketSpec, now_ms: int) -> BucketState:
+        if bucket.kind == "daily":
+            used = self._day_used(bucket.key, utc_day(now_ms))
+            return BucketState(bucket, used, ms_to_midnight(now_ms) if used else 0)
+        log = self._logs.get(bucket.key)
+        if log is None or not log.entries:
+            return BucketState(bucket, 0, 0)
+        return BucketState(bucket, log.total, log.entries[-1].ts + self._window_ms - now_ms)
+
+    async def admit(
+        self, member: str, buckets: Sequence[BucketSpec], cost: int, *, seed_daily: bool = False
+    ) -> Ticket | Denial | SeedNeeded:
         with self._lock:
             now_ms = self._now_ms()
+            if seed_daily:
+                day = utc_day(now_ms)
+                for bucket in buckets:
+                    stored = self._days.get(bucket.key)
+                    if bucket.kind == "daily" and (stored is None or stored[0] != day):
+                        return SeedNeeded(bucket, day)
             denials = [d for b in buckets if (d := self._check(b, now_ms)) is not None]
             denial = pick_denial(denials)
             if denial is not None:
-                return denial
+                return replace(denial, states=tuple(self._state(b, now_ms) for b in buckets))
             day = utc_day(now_ms)
             for bucket in buckets:
                 if bucket.kind == "daily":
@@ -119,7 +139,14 @@ class InProcessCounterStore:
                 else:
                     weight = 1 if bucket.kind == "requests" else cost
                     self._logs[bucket.key].add(now_ms, member, weight)
-            return Ticket(member, cost, tuple(buckets), day, now_ms)
+            states = tuple(self._state(b, now_ms) for b in buckets)
+            return Ticket(member, cost, tuple(buckets), day, now_ms, states)
+
+    async def seed_daily(self, bucket: BucketSpec, day: int, used: int) -> None:
+        with self._lock:
+            stored = self._days.get(bucket.key)
+            if stored is None or stored[0] != day:
+                self._days[bucket.key] = (day, used)
 
     async def settle(self, ticket: Ticket, used: int) -> None:
         with self._lock:

@@ -17,10 +17,19 @@ one admission lands on the same Redis Cluster slot):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
-from serve_app.limits.buckets import BucketSpec, Clock, Denial, Ticket
+from serve_app.limits.buckets import (
+    DAY_MS,
+    BucketSpec,
+    BucketState,
+    Clock,
+    Denial,
+    SeedNeeded,
+    Ticket,
+)
 
 _COMMON = r"""
 local function weight_of(m)
@@ -37,6 +46,7 @@ if not now then
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local window, member, cost, n = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local seed = ARGV[6 + 2 * n] == '1'
 local cutoff = now - window
 local day = math.floor(now / 86400000)
 local midnight = (day + 1) * 86400000
@@ -66,6 +76,13 @@ local function tokens_wait(z, total, limit)
 end
 
 -- Phase 1: check every bucket; nothing is reserved unless all have room.
+-- used[i], reset[i]: the bucket's total and the wait until it is full again.
+local used, reset = {}, {}
+local function newest_reset(z)
+  local e = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
+  if #e == 0 then return 0 end
+  return tonumber(e[2]) + window - now
+end
 local k, best_index, best_wait, best_daily = 1, 0, -1, false
 for i = 1, n do
   local kind, limit = ARGV[4 + 2 * i], tonumber(ARGV[5 + 2 * i])
@@ -74,6 +91,7 @@ for i = 1, n do
     local z = KEYS[k]; k = k + 1
     redis.call('ZREMRANGEBYSCORE', z, '-inf', cutoff)
     local count = redis.call('ZCARD', z)
+    used[i], reset[i] = count, newest_reset(z)
     if count >= limit then
       local e = redis.call('ZRANGE', z, count - limit, count - limit, 'WITHSCORES')
       wait = tonumber(e[2]) + window - now
@@ -81,17 +99,28 @@ for i = 1, n do
   elseif kind == 'tokens' then
     local z, s = KEYS[k], KEYS[k + 1]; k = k + 2
     local total = purge_tokens(z, s)
+    used[i], reset[i] = total, newest_reset(z)
     if total >= limit then wait = tokens_wait(z, total, limit) end
   else
-    local used = tonumber(redis.call('GET', KEYS[k] .. ':' .. day) or '0'); k = k + 1
-    if used >= limit then wait = midnight - now end
+    local raw = redis.call('GET', KEYS[k] .. ':' .. day); k = k + 1
+    if not raw and seed then return {2, i, 0, now} end
+    local spent = tonumber(raw or '0')
+    used[i], reset[i] = spent, (spent > 0) and (midnight - now) or 0
+    if spent >= limit then wait = midnight - now end
   end
   if wait and not best_daily then
     if kind == 'daily' then best_daily, best_index, best_wait = true, i, wait
     elseif wait > best_wait then best_index, best_wait = i, wait end
   end
 end
-if best_index > 0 then return {0, best_index, best_wait, now} end
+local function with_states(reply)
+  for i = 1, n do
+    reply[#reply + 1] = used[i]
+    reply[#reply + 1] = reset[i]
+  end
+  return reply
+end
+if best_index > 0 then return with_states({0, best_index, best_wait, now}) end
 
 -- Phase 2: reserve in every bucket.
 k = 1
@@ -100,18 +129,22 @@ for i = 1, n do
   if kind == 'requests' then
     redis.call('ZADD', KEYS[k], now, member)
     redis.call('PEXPIRE', KEYS[k], window + 1000); k = k + 1
+    used[i], reset[i] = used[i] + 1, window
   elseif kind == 'tokens' then
     redis.call('ZADD', KEYS[k], now, member .. '|' .. cost)
     redis.call('INCRBY', KEYS[k + 1], cost)
     redis.call('PEXPIRE', KEYS[k], window + 1000)
     redis.call('PEXPIRE', KEYS[k + 1], window + 1000); k = k + 2
+    used[i], reset[i] = used[i] + cost, window
   else
     local d = KEYS[k] .. ':' .. day
     redis.call('INCRBY', d, cost)
     redis.call('PEXPIRE', d, midnight + 3600000 - now); k = k + 1
+    used[i] = used[i] + cost
+    if used[i] > 0 then reset[i] = midnight - now end
   end
 end
-return {1, day, now}
+return with_states({1, day, now, 0})
 """
 )
 
@@ -187,16 +220,31 @@ class RedisCounterStore:
         base = f"{self._prefix}:{bucket.key}"
         return [base, f"{base}:s"] if bucket.kind == "tokens" else [base]
 
-    async def admit(self, member: str, buckets: Sequence[BucketSpec], cost: int) -> Ticket | Denial:
+    async def admit(
+        self, member: str, buckets: Sequence[BucketSpec], cost: int, *, seed_daily: bool = False
+    ) -> Ticket | Denial | SeedNeeded:
         keys = [key for bucket in buckets for key in self._keys(bucket)]
         now = "" if self._clock is None else str(round(self._clock() * 1000))
         args: list[str | int] = [now, self._window_ms, member, cost, len(buckets)]
         for bucket in buckets:
             args += [bucket.kind, bucket.limit]
+        args.append("1" if seed_daily else "0")
         reply = await self._admit(keys=keys, args=args)
+        if int(reply[0]) == 2:
+            return SeedNeeded(buckets[int(reply[1]) - 1], int(reply[3]) // DAY_MS)
+        states = tuple(
+            BucketState(bucket, int(reply[4 + 2 * i]), int(reply[5 + 2 * i]))
+            for i, bucket in enumerate(buckets)
+        )
         if int(reply[0]) == 0:
-            return Denial(buckets[int(reply[1]) - 1], int(reply[2]))
-        return Ticket(member, cost, tuple(buckets), int(reply[1]), int(reply[2]))
+            return Denial(buckets[int(reply[1]) - 1], int(reply[2]), states)
+        return Ticket(member, cost, tuple(buckets), int(reply[1]), int(reply[2]), states)
+
+    async def seed_daily(self, bucket: BucketSpec, day: int, used: int) -> None:
+        """``SET NX``: a replica that seeded first (or a request counted since) wins."""
+        ttl_ms = (day + 1) * DAY_MS + 3_600_000 - round(time.time() * 1000)
+        key = f"{self._prefix}:{bucket.key}:{day}"
+        await self._redis.set(key, used, nx=True, px=max(ttl_ms, 1000))
 
     async def settle(self, ticket: Ticket, used: int) -> None:
         buckets = ticket.settled_buckets()

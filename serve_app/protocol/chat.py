@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from serve_app.protocol.common import JsonInt, SamplingFields, Usage
+from serve_app.protocol.tool_schemas import CHAT_FUNCTION_TOOL, tools_schema
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -45,7 +46,9 @@ class ChatCompletionRequest(SamplingFields):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: JsonInt | None = Field(default=None, ge=1)
-    tools: list[dict[str, Any]] | None = None
+    tools: Annotated[
+        list[dict[str, Any]] | None, WithJsonSchema(tools_schema(CHAT_FUNCTION_TOOL))
+    ] = None
     tool_choice: str | dict[str, Any] | None = None
     web_search_options: dict[str, Any] | None = None
     reasoning_effort: str | None = None

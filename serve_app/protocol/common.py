@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    WithJsonSchema,
+    field_validator,
+)
 
 
 def _json_number(value: Any) -> Any:
@@ -28,7 +36,23 @@ JsonInt = Annotated[int, BeforeValidator(_json_number)]
 JsonFloat = Annotated[float, BeforeValidator(_json_number)]
 """A number sent as a JSON number (not a string, not a boolean)."""
 JsonBool = Annotated[bool, Strict()]
+
+
+def _integral_float(value: Any) -> Any:
+    """``2.0`` -> ``2``: JSON Schema (and so the published OpenAPI) counts an integral
+    number as an integer whatever its spelling, so a strict integer field must too.
+    ``2.5``, strings and booleans stay as they are, for the strict check to refuse."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+WholeInt = Annotated[int, BeforeValidator(_integral_float), Strict()]
+"""A strict integer that accepts an integral JSON number (``1333.0``) and nothing else."""
 """``true`` or ``false`` only: ``"yes"`` or ``1`` would otherwise switch streaming on."""
+
+_STOPS = {"type": "array", "items": {"type": "string"}, "maxItems": 4}
+"""Published form of ``_at_most_four_stops`` (the validator keeps its own message)."""
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -100,7 +124,9 @@ class SamplingFields(BaseModel):
     temperature: JsonFloat | None = Field(default=None, ge=0, le=2)
     top_p: JsonFloat | None = Field(default=None, gt=0, le=1)
     n: JsonInt = Field(default=1, ge=1, le=16, description="Answers per prompt.")
-    stop: str | list[str] | None = Field(default=None, description="Up to 4 stop sequences.")
+    stop: str | Annotated[list[str], WithJsonSchema(_STOPS)] | None = Field(
+        default=None, description="Up to 4 stop sequences."
+    )
     seed: JsonInt | None = Field(
         default=None, ge=INT64_MIN, le=INT64_MAX, description="A signed 64-bit integer."
     )

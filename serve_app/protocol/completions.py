@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, WithJsonSchema, field_validator
 
 from serve_app.protocol.common import SamplingFields, Usage
+
+_PROMPTS = {"type": "array", "items": {"type": "string"}, "minItems": 1}
 
 
 class CompletionRequest(SamplingFields):
     """Request body; each prompt of an array is generated separately."""
 
-    prompt: str | list[str] = Field(description="One prompt or a list of prompts.")
+    prompt: str | Annotated[list[str], WithJsonSchema(_PROMPTS)] = Field(
+        description="One prompt or a non-empty list of prompts."
+    )
 
     @field_validator("prompt")
     @classmethod

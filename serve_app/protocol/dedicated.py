@@ -2,9 +2,10 @@
 
 Requests refuse unknown fields (a typo in a scaling policy must not silently
 leave the platform default in force) and are strict about types: the spec's
-integers and booleans are JSON integers and booleans, so ``"1"``, ``2.0``,
+integers and booleans are JSON integers and booleans, so ``"1"``, ``2.5``,
 ``true`` for a count or ``1`` for a boolean are 400 ``invalid_value`` rather
-than silently coerced. Several records have keys that are
+than silently coerced. An integral number written ``2.0`` is the integer 2, as
+JSON Schema (the published OpenAPI document) says it is. Several records have keys that are
 *absent* rather than null in some cases (policy keys never set, the
 ``month_cost_rate_matches_card`` of a model that left the catalog, hybrid-only
 ``capacity_converging``): their serializers drop those keys instead of every
@@ -26,6 +27,7 @@ from pydantic import (
 )
 
 from serve_app.dedicated.alias import SLUG_PATTERN
+from serve_app.protocol.common import WholeInt
 
 Mode = Literal["spot", "reserved", "hybrid"]
 Profile = Literal["economical", "balanced", "latency_first"]
@@ -49,25 +51,25 @@ def _drop_none(handler: SerializerFunctionWrapHandler, value: Any, keys: set[str
 class DedicatedScalingPolicy(_Request):
     """Autoscaling knobs; an absent field means the platform default governs."""
 
-    buffer_replicas: int | None = Field(
+    buffer_replicas: WholeInt | None = Field(
         default=None, ge=0, le=10, description="Hot spares held ahead of demand under traffic."
     )
-    max_queue_depth: int | None = Field(
+    max_queue_depth: WholeInt | None = Field(
         default=None, ge=0, le=10000, description="Queue length past which calls get 503; 0 = off."
     )
-    scale_down_idle_seconds: int | None = Field(
+    scale_down_idle_seconds: WholeInt | None = Field(
         default=None, ge=30, le=3600, description="Warm time after traffic stops."
     )
-    scaledown_window_seconds: int | None = Field(
+    scaledown_window_seconds: WholeInt | None = Field(
         default=None, ge=30, le=3600, description="Policy-level window (newer backends only)."
     )
-    target_inputs: int | None = Field(
+    target_inputs: WholeInt | None = Field(
         default=None,
         ge=1,
         le=100,
         description="Requests one replica handles before another starts.",
     )
-    engine_target_waiting: int | None = Field(
+    engine_target_waiting: WholeInt | None = Field(
         default=None, ge=1, le=1000, description="Engine-waiting requests tolerated before scaling."
     )
 
@@ -105,10 +107,12 @@ class DedicatedScalingBounds(BaseModel):
 class DedicatedEngineConfig(_Request):
     """Engine settings that replace the recipe defaults they name."""
 
-    max_model_len: int | None = Field(default=None, ge=1024, description="Context window.")
-    max_num_seqs: int | None = Field(default=None, ge=1, description="Sequences batched at once.")
+    max_model_len: WholeInt | None = Field(default=None, ge=1024, description="Context window.")
+    max_num_seqs: WholeInt | None = Field(
+        default=None, ge=1, description="Sequences batched at once."
+    )
     prefix_caching: bool | None = Field(default=None, description="Reuse KV of shared prefixes.")
-    speculative_tokens: int | None = Field(
+    speculative_tokens: WholeInt | None = Field(
         default=None, ge=0, description="Speculative depth; 0 = off; declared depths only."
     )
 
@@ -142,9 +146,9 @@ class DedicatedCreateRequest(_Request):
     model_id: str = Field(min_length=1, description="Active catalog model to clone.")
     alias_slug: str = Field(pattern=SLUG_PATTERN, description="The alias is ded/<slug>.")
     mode: Mode
-    min_replicas: int = Field(ge=0, description="0 scales to zero at rest.")
-    max_replicas: int = Field(ge=1, description="Capped by the organization cap.")
-    reserved_floor: int | None = Field(
+    min_replicas: WholeInt = Field(ge=0, description="0 scales to zero at rest.")
+    max_replicas: WholeInt = Field(ge=1, description="Capped by the organization cap.")
+    reserved_floor: WholeInt | None = Field(
         default=None, description="Hybrid only, 1..max_replicas (below 1: reserved_floor_required)."
     )
     engine: DedicatedEngineConfig | None = None
@@ -154,9 +158,11 @@ class DedicatedCreateRequest(_Request):
 class DedicatedPatchRequest(_Request):
     """Omitted fields are unchanged; ``scaling: null`` restores the default preset."""
 
-    min_replicas: int | None = Field(default=None, ge=0)
-    max_replicas: int | None = Field(default=None, ge=1)
-    reserved_floor: int | None = Field(default=None, description="Hybrid only; null: unchanged.")
+    min_replicas: WholeInt | None = Field(default=None, ge=0)
+    max_replicas: WholeInt | None = Field(default=None, ge=1)
+    reserved_floor: WholeInt | None = Field(
+        default=None, description="Hybrid only; null: unchanged."
+    )
     scaling: DedicatedScalingPolicy | None = None
     mode: Any = Field(default=None, description="Refused: a mode change is PUT .../mode.")
 
@@ -166,7 +172,7 @@ class DedicatedModeTarget(_Request):
     own body can be quoted as is (the preview never deploys anything)."""
 
     mode: Mode
-    reserved_floor: int | None = Field(
+    reserved_floor: WholeInt | None = Field(
         default=None, description="Hybrid only, >= 1 (below 1: reserved_floor_required)."
     )
     confirm_redeploy: Any = Field(default=None, description="Ignored by the preview.")

@@ -17,6 +17,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from serve_app.protocol.common import WholeInt
+
 BoxField = Annotated[list[float], Field(min_length=4, max_length=4)]
 MAX_TABLE_BBOXES = 64
 
@@ -43,10 +45,9 @@ class DetectRequest(_DocumentRequest):
 class ParseRequest(_DocumentRequest):
     """Request body of ``POST /v1/parse``."""
 
-    max_new_tokens: int | None = Field(
+    max_new_tokens: WholeInt | None = Field(
         default=None,
         ge=1,
-        strict=True,
         description="Generation bound (a JSON integer); clamped to the model's bound.",
     )
     table_bboxes: list[BoxField] | None = Field(

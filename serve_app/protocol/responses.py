@@ -9,9 +9,11 @@ refusal can name its exact ``param`` (``input[2].content[0].type``).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
+
+from serve_app.protocol.tool_schemas import RESPONSES_FUNCTION_TOOL, tools_schema
 
 ResponseStatus = Literal["completed", "incomplete", "failed", "in_progress"]
 
@@ -25,13 +27,16 @@ class ReasoningParam(BaseModel):
     summary: Any = Field(default=None, description="Not supported: 400 when set.")
 
 
+_INPUT_ITEMS = {"type": "array", "items": {"type": "object"}, "minItems": 1}
+
+
 class ResponsesRequest(BaseModel):
     """Request body; every field of spec 4.3 and nothing else."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(min_length=1, description="Catalog id of a chat model.")
-    input: str | list[dict[str, Any]] = Field(
+    input: str | Annotated[list[dict[str, Any]], WithJsonSchema(_INPUT_ITEMS)] = Field(
         description="A user turn as a string, or input items (message, function_call, "
         "function_call_output)."
     )
@@ -47,7 +52,9 @@ class ResponsesRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0, le=2)
     text: dict[str, Any] | None = Field(default=None, description="Only {format: {type: text}}.")
     tool_choice: str | dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: Annotated[
+        list[dict[str, Any]] | None, WithJsonSchema(tools_schema(RESPONSES_FUNCTION_TOOL))
+    ] = None
     top_p: float | None = Field(default=None, gt=0, le=1)
     user: str | None = Field(default=None, description="End-user id; accepted, not used.")
 

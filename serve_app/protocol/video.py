@@ -2,9 +2,10 @@
 
 Every bound of spec 4.6/8 is enforced here, so a violation is a 400
 ``invalid_value`` naming the field before anything else runs. Numbers are
-strict integers: ``"64"``, ``64.0``, ``64.5`` and ``true`` are refused rather
-than coerced, as a job would otherwise run with a value the caller did not
-write. Omitted (or null) sizes are filled by the model's head from its own
+strict integers: ``"64"``, ``64.5`` and ``true`` are refused rather than
+coerced, as a job would otherwise run with a value the caller did not write;
+``64.0`` is the integer 64 (JSON Schema's reading, so the published schema and
+the server agree). Omitted (or null) sizes are filled by the model's head from its own
 defaults. Unknown fields are accepted and named in ``x-service-ignored-params``
 like on the other non-chat routes.
 """
@@ -23,6 +24,7 @@ from deployments.engines.video_base import (
     MAX_WIDTH,
     MIN_FPS,
 )
+from serve_app.protocol.common import WholeInt
 
 MAX_PROMPT_CHARS = 2000
 """Spec 8: the video prompt is at most 2000 characters (Unicode code points)."""
@@ -30,18 +32,26 @@ MAX_SEED = 2**63 - 1
 
 
 def _bounded(low: int, high: int) -> object:
-    """A strict integer in ``low..high`` (no strings, floats or booleans)."""
+    """A strict integer in ``low..high`` (no strings, fractions or booleans)."""
     return Field(strict=True, ge=low, le=high)
 
 
-Fps = Annotated[int, _bounded(MIN_FPS, MAX_FPS)]
-Width = Annotated[int, _bounded(1, MAX_WIDTH)]
-Height = Annotated[int, _bounded(1, MAX_HEIGHT)]
-NumFrames = Annotated[int, _bounded(1, MAX_NUM_FRAMES)]
-Steps = Annotated[int, _bounded(1, MAX_INFERENCE_STEPS)]
-Seed = Annotated[int, _bounded(0, MAX_SEED)]
-Prompt = Annotated[str, Field(strict=True, min_length=1, max_length=MAX_PROMPT_CHARS)]
-NegativePrompt = Annotated[str, Field(strict=True, max_length=MAX_PROMPT_CHARS)]
+Fps = Annotated[WholeInt, _bounded(MIN_FPS, MAX_FPS)]
+Width = Annotated[WholeInt, _bounded(1, MAX_WIDTH)]
+Height = Annotated[WholeInt, _bounded(1, MAX_HEIGHT)]
+NumFrames = Annotated[WholeInt, _bounded(1, MAX_NUM_FRAMES)]
+Steps = Annotated[WholeInt, _bounded(1, MAX_INFERENCE_STEPS)]
+Seed = Annotated[WholeInt, _bounded(0, MAX_SEED)]
+# Published patterns of the two validators below: something besides whitespace, no NUL.
+_NOT_BLANK = {"pattern": r"^[^\x00]*[^\x00\s][^\x00]*$"}
+_NO_NUL = {"pattern": r"^[^\x00]*$"}
+Prompt = Annotated[
+    str,
+    Field(strict=True, min_length=1, max_length=MAX_PROMPT_CHARS, json_schema_extra=_NOT_BLANK),
+]
+NegativePrompt = Annotated[
+    str, Field(strict=True, max_length=MAX_PROMPT_CHARS, json_schema_extra=_NO_NUL)
+]
 
 
 class VideoGenerationRequest(BaseModel):

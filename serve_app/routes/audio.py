@@ -15,7 +15,7 @@ from fastapi import APIRouter, File, Form, Request, Response, UploadFile
 from serve_app.inference.audio_service import AudioService, TranscriptionForm
 from serve_app.ingress.deps import InferenceCaller, State
 from serve_app.ingress.openapi import ERROR_RESPONSES
-from serve_app.protocol.audio import SpeechRequest, Transcription
+from serve_app.protocol.audio import TRANSCRIPTION_FORMATS, SpeechRequest, Transcription
 
 TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
 STREAMED_PATHS = (TRANSCRIPTIONS_PATH,)
@@ -55,7 +55,11 @@ async def create_transcription(
     file: Annotated[UploadFile, File(description="The audio file; format read from content.")],
     model: Annotated[str, Form(min_length=1, description="A transcription model.")],
     response_format: Annotated[
-        str | None, Form(description="json (default), text or verbose_json.")
+        str | None,
+        Form(
+            description="json (default), text or verbose_json.",
+            json_schema_extra={"enum": list(TRANSCRIPTION_FORMATS)},
+        ),
     ] = None,
     language: Annotated[str | None, Form(description="ISO-639-1 hint.")] = None,
     prompt: Annotated[str | None, Form(description="Text to guide the style.")] = None,

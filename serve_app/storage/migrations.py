@@ -275,12 +275,41 @@ _V4_JOB_SIZES = ("width", "height", "num_frames", "fps", "num_inference_steps")
 _V4_JOB_OPTIONAL_TS = ("started_at", "heartbeat_at", "finished_at")
 
 
+def _v5_auth_epoch(conn: Connection) -> None:
+    """One counter bumped by every account write: replicas poll it to drop stale auth caches."""
+    md = sa.MetaData()
+    table = sa.Table(
+        "auth_epoch",
+        md,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("value", sa.BigInteger, nullable=False),
+    )
+    md.create_all(conn)
+    conn.execute(sa.insert(table).values(id=1, value=0))
+
+
+def _v6_dedicated_rate_cards(conn: Connection) -> None:
+    """Every dedicated rate card the gateway ran with, from when it took effect."""
+    md = sa.MetaData()
+    sa.Table(
+        "dedicated_rate_cards",
+        md,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("effective_from", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("card", sa.Text, nullable=False),
+        sa.Index("ix_dedicated_rate_cards_effective", "effective_from"),
+    )
+    md.create_all(conn)
+
+
 # ---- The ordered history. Append new migrations at the end. ----------------
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "accounts", _v1_accounts),
     Migration(2, "usage_ledger", _v2_usage_ledger),
     Migration(3, "dedicated_endpoints", _v3_dedicated),
     Migration(4, "video_jobs", _v4_video_jobs),
+    Migration(5, "auth_epoch", _v5_auth_epoch),
+    Migration(6, "dedicated_rate_cards", _v6_dedicated_rate_cards),
 )
 
 

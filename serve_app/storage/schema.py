@@ -249,3 +249,22 @@ video_jobs = sa.Table(
     sa.Index("ix_video_jobs_user_created", "user_id", "created_at"),
     sa.Index("ix_video_jobs_model_status", "model", "status", "created_at"),
 )
+
+# One row (id 1): bumped in the transaction of every account write (serve_app.auth.epoch).
+auth_epoch = sa.Table(
+    "auth_epoch",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("value", sa.BigInteger, nullable=False),
+)
+
+# Rate cards of dedicated endpoints as they changed: minutes are priced at the card in force
+# when they accrued (serve_app.dedicated.rates.month_usage).
+dedicated_rate_cards = sa.Table(
+    "dedicated_rate_cards",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("effective_from", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("card", sa.Text, nullable=False),
+    sa.Index("ix_dedicated_rate_cards_effective", "effective_from"),
+)

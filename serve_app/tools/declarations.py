@@ -82,6 +82,8 @@ def _max_uses(tool: dict[str, Any], kind: str, param: str) -> int:
     value = tool.get("max_uses")
     if value is None:
         return DEFAULT_BUDGETS[kind]
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON Schema's integer (the published document) includes 2.0
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise _bad("max_uses must be an integer >= 1.", f"{param}.max_uses")
     return min(value, DEFAULT_BUDGETS[kind])

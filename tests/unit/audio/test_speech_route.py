@@ -178,10 +178,16 @@ async def test_audio_seconds_go_to_the_ledger(audio_gw: GatewayHarness) -> None:
 
 
 async def test_rate_limit_applies_to_speech(audio_gw: GatewayHarness) -> None:
-    audio_gw.store.update_user("alice", rpm=1)
-    assert (await post(audio_gw, {"model": "scripted-tts", "input": "Hi."})).status_code == 200
+    audio_gw.store.update_user("alice", rpm=1, tpm=1000)
+    first = await post(audio_gw, {"model": "scripted-tts", "input": "Hi."})
+    assert first.status_code == 200
+    # OpenAI's pacing headers on the audio answer too ("Hi." is estimated at 1 token).
+    assert first.headers["x-ratelimit-limit-requests"] == "1"
+    assert first.headers["x-ratelimit-remaining-requests"] == "0"
+    assert first.headers["x-ratelimit-remaining-tokens"] == "999"
     limited = await post(audio_gw, {"model": "scripted-tts", "input": "Hi."})
     assert (limited.status_code, limited.json()["error"]["code"]) == (429, "rate_limit_exceeded")
+    assert limited.headers["x-ratelimit-remaining-requests"] == "0"
 
 
 async def test_openai_sdk_speech_create(audio_gw: GatewayHarness) -> None:

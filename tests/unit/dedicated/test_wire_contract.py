@@ -38,7 +38,7 @@ async def test_request_numbers_and_booleans_are_not_coerced(ded: DedicatedHarnes
         for overrides in (
             {"min_replicas": "1"},
             {"min_replicas": True},
-            {"max_replicas": 2.0},
+            {"max_replicas": 2.5},
             {"engine": {"prefix_caching": 1}},
             {"engine": {"prefix_caching": "true"}},
             {"engine": {"max_num_seqs": "4"}},
@@ -51,9 +51,13 @@ async def test_request_numbers_and_booleans_are_not_coerced(ded: DedicatedHarnes
         path = f"/api/dedicated/{eid}"
         _error(await c.patch(path, json={"max_replicas": "3"}), 400, "invalid_value")
         _error(
-            await c.patch(path, json={"scaling": {"buffer_replicas": 1.0}}), 400, "invalid_value"
+            await c.patch(path, json={"scaling": {"buffer_replicas": 1.5}}), 400, "invalid_value"
         )
         assert (await c.get(path)).json()["max_replicas"] == 2
+        # JSON Schema reads 3.0 as the integer 3, and so does the server (issue 16).
+        patched = await c.patch(path, json={"max_replicas": 3.0})
+        assert patched.status_code == 200, patched.text
+        assert (await c.get(path)).json()["max_replicas"] == 3
 
 
 async def test_preview_takes_the_put_body_as_is(ded: DedicatedHarness) -> None:

@@ -110,8 +110,13 @@ class BrokenStore:
     def __init__(self) -> None:
         self.calls = 0
 
-    async def admit(self, member: str, buckets: Sequence[BucketSpec], cost: int) -> Ticket | Denial:
+    async def admit(
+        self, member: str, buckets: Sequence[BucketSpec], cost: int, *, seed_daily: bool = False
+    ) -> Ticket | Denial:
         self.calls += 1
+        raise ConnectionError("redis down")
+
+    async def seed_daily(self, bucket: BucketSpec, day: int, used: int) -> None:
         raise ConnectionError("redis down")
 
     async def settle(self, ticket: Ticket, used: int) -> None:

@@ -1,0 +1,186 @@
+"""The accounts generation: how every gateway replica learns that its auth cache is stale.
+
+Verified keys are cached per replica (``AuthService``), so a revocation, a
+changed limit or tool flag, or an org's external-provider switch must reach
+every replica's cache. Three paths carry the news, from fastest to most
+general; a replica clears its cache when any of them moved:
+
+1. In-process: every ``AccountStore`` write bumps a counter kept in this process
+   for its database. The single-process default (SQLite, no Redis, changes
+   made through the same process) needs nothing else and sees a change on the
+   very next request.
+2. Redis (``GATEWAY_REDIS_URL``): the writer ``INCR``s ``AUTH_EPOCH_KEY`` after
+   committing, and each replica reads that key on *every* request (one GET,
+   the same round trip class as the rate limiter's). A change made by the
+   CLI in another process or on another host is seen by the next request on
+   every replica.
+3. The database: the write also bumps the one-row ``auth_epoch`` table in the
+   same transaction, and each replica reads it at most every
+   ``DB_POLL_INTERVAL_S``. This covers writers without Redis (a CLI started
+   without ``GATEWAY_REDIS_URL``, several processes on one SQLite file) and a
+   Redis outage: such a change is seen within that interval (50 ms; the
+   promise is 100 ms).
+
+The cache's TTL (``auth_cache_seconds``) stays as the last resort for edits
+made to the database behind the store's back (hand-written SQL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from serve_app.storage.db import Database
+from serve_app.storage.schema import auth_epoch
+
+logger = logging.getLogger(__name__)
+
+AUTH_EPOCH_KEY = "gateway:auth:epoch"
+"""One key for every deployment sharing a Redis: a foreign bump only clears a cache."""
+
+DB_POLL_INTERVAL_S = 0.05
+
+_local_lock = threading.Lock()
+_local: dict[str, int] = {}
+
+
+def _db_key(db: Database) -> str:
+    return db.engine.url.render_as_string(hide_password=False)
+
+
+def local_epoch(db: Database) -> int:
+    """This process's count of account writes to ``db`` (path 1)."""
+    with _local_lock:
+        return _local.get(_db_key(db), 0)
+
+
+def bump_local(db: Database) -> None:
+    with _local_lock:
+        key = _db_key(db)
+        _local[key] = _local.get(key, 0) + 1
+
+
+def bump_in_transaction(conn: Connection) -> None:
+    """Path 3: called inside the writing transaction, so the bump commits with the change."""
+    updated = conn.execute(sa.update(auth_epoch).values(value=auth_epoch.c.value + 1))
+    if not updated.rowcount:
+        conn.execute(sa.insert(auth_epoch).values(id=1, value=1))
+
+
+def read_db_epoch(db: Database) -> int:
+    with db.connect() as conn:
+        value = conn.execute(sa.select(auth_epoch.c.value).where(auth_epoch.c.id == 1)).scalar()
+    return int(value or 0)
+
+
+class RedisEpochPublisher:
+    """Path 2 for writers (the CLI, in-process stores): ``INCR`` after a committed write.
+
+    Synchronous on purpose: account writes are synchronous, rare, and already
+    block on the database. A Redis failure is logged, never raised: the change
+    is committed and the database path still carries it within 50 ms.
+    """
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self._client: Any = redis.Redis.from_url(
+            url, socket_timeout=2.0, socket_connect_timeout=2.0
+        )
+
+    def __call__(self) -> None:
+        try:
+            self._client.incr(AUTH_EPOCH_KEY)
+        except Exception:
+            logger.exception("could not publish the accounts change to Redis")
+
+    def close(self) -> None:
+        self._client.close()
+
+
+Seen = tuple[int, int | None, int]
+"""(in-process count, Redis value or None, database value): any change clears caches."""
+
+
+class EpochWatch:
+    """What one replica knows of the accounts generation (the three paths above).
+
+    ``current`` runs per request on the event loop: one Redis GET when Redis is
+    configured, a database read (in a thread) only when ``poll_s`` has passed.
+    ``current_sync`` serves callers already off the loop (``authenticate``).
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        redis: Any | None = None,
+        poll_s: float = DB_POLL_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._db = db
+        self._redis: Any = redis
+        self._poll_s = poll_s
+        self._clock = clock
+        self._db_value = 0
+        self._db_checked = -float("inf")
+        self._remote: int | None = None
+        self._redis_failing = False
+
+    def _db_due(self) -> bool:
+        if self._clock() - self._db_checked < self._poll_s:
+            return False
+        self._db_checked = self._clock()  # claimed: concurrent requests do not all poll
+        return True
+
+    def _poll_db(self) -> None:
+        try:
+            self._db_value = read_db_epoch(self._db)
+        except Exception:
+            logger.exception("could not read the accounts generation from the database")
+
+    async def _read_redis(self) -> int | None:
+        try:
+            raw = await self._redis.get(AUTH_EPOCH_KEY)
+        except Exception:
+            if not self._redis_failing:
+                logger.exception("could not read the accounts generation from Redis")
+            self._redis_failing = True
+            return None
+        self._redis_failing = False
+        return int(raw or 0)
+
+    async def current(self) -> Seen:
+        if self._redis is not None:
+            self._remote = await self._read_redis()
+        if self._db_due():
+            await asyncio.to_thread(self._poll_db)
+        return (local_epoch(self._db), self._remote, self._db_value)
+
+    def current_sync(self) -> Seen:
+        if self._db_due():
+            self._poll_db()
+        return (local_epoch(self._db), self._remote, self._db_value)
+
+    async def aclose(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
+
+    @classmethod
+    def build(cls, db: Database, redis_url: str | None) -> EpochWatch:
+        """The watch of one gateway replica: Redis when configured, always the database."""
+        client = None
+        if redis_url:
+            import redis.asyncio as aioredis
+
+            client = aioredis.Redis.from_url(
+                redis_url, socket_timeout=1.0, socket_connect_timeout=1.0
+            )
+        return cls(db, redis=client)
