@@ -23,6 +23,7 @@ from deployments.video_head import VideoHead
 from serve_app.catalog.config import CatalogModel
 from serve_app.config import GatewayAppArgs
 from serve_app.ingress.deployment import Gateway
+from serve_app.settings import GatewaySettings, require_production_ready
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +84,15 @@ def head_application(
 
 
 def build_gateway_app(args: dict[str, Any]) -> Application:
-    """Validate ``args`` (pydantic) and bind the gateway with its heads."""
+    """Validate ``args`` (pydantic) and bind the gateway with its heads.
+
+    In ``deployment_mode: production`` the environment is checked first: ``serve deploy``
+    then fails (DEPLOY_FAILED, the reason in ``serve status``) instead of coming up on
+    SQLite and in-process counters.
+    """
     config = GatewayAppArgs.model_validate(args)
+    if config.deployment_mode == "production":
+        require_production_ready(GatewaySettings())
     heads: dict[str, Application] = {}
     for model in config.catalog:
         app = head_application(

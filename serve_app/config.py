@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -172,7 +172,8 @@ class LimitsOptions(_Strict):
     fail_open: bool = Field(
         default=True,
         description="When the counter store is unreachable: serve without limits (true, "
-        "logged) or answer 503 (false).",
+        "logged and counted in gateway_limits_fail_open) or answer 503 (false). Unset in a "
+        "production deployment_mode config: false (a Redis outage must not switch limits off).",
     )
 
 
@@ -198,8 +199,18 @@ class LedgerOptions(_Strict):
     )
 
 
+DeploymentMode = Literal["local", "production"]
+
+
 class GatewayAppArgs(_Strict):
     """Everything ``build_gateway_app`` needs; mirrors the ``args:`` block."""
+
+    deployment_mode: DeploymentMode = Field(
+        default="local",
+        description="production: the gateway refuses to start on the one-machine defaults "
+        "(SQLite, in-process counters and replay cache, local object store) and limits fail "
+        "closed unless limits.fail_open says otherwise (serve_app.settings.production_refusals).",
+    )
 
     catalog: list[CatalogModel] = Field(default_factory=list, description="Models declared inline.")
     catalog_files: list[str] = Field(
@@ -238,6 +249,13 @@ class GatewayAppArgs(_Strict):
         default_factory=DedicatedOptions,
         description="Dedicated endpoints: rate card, caps, presets, per-model offer.",
     )
+
+    @model_validator(mode="after")
+    def _production_fails_closed(self) -> GatewayAppArgs:
+        # Only the default flips: an explicit `fail_open: true` stays the operator's choice.
+        if self.deployment_mode == "production" and "fail_open" not in self.limits.model_fields_set:
+            self.limits.fail_open = False
+        return self
 
     @model_validator(mode="after")
     def _load_files(self) -> GatewayAppArgs:

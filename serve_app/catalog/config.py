@@ -152,7 +152,8 @@ class CatalogModel(_Strict):
     )
     tier: str | None = Field(
         default=None,
-        description="Service tier; 'demo' marks random-weight stand-ins whose output means nothing.",
+        description="Service tier; 'demo' marks random-weight stand-ins whose output means "
+        "nothing.",
     )
     notice: str | None = Field(
         default=None,

@@ -256,7 +256,10 @@ def build_metering(
     store = counters or build_counter_store(
         settings.redis_url, window_s=limits.window_s, prefix=limits.redis_prefix
     )
-    limiter = RateLimiter(store, platform, fail_open=limits.fail_open)
+    metrics = metrics or GatewayMetrics()
+    limiter = RateLimiter(
+        store, platform, fail_open=limits.fail_open, on_fail_open=metrics.limits_fail_open
+    )
     ledger = None
     if config.ledger.enabled:
         spool = (

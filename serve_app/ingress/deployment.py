@@ -43,7 +43,7 @@ from serve_app.jobs.service import VideoService
 from serve_app.jobs.store import JobStore
 from serve_app.limits.buckets import CounterStore
 from serve_app.metrics import GatewayMetrics
-from serve_app.settings import GatewaySettings, get_settings
+from serve_app.settings import GatewaySettings, get_settings, require_production_ready
 from serve_app.storage.db import Database
 from serve_app.storage.objects import ObjectStore, build_object_store
 from serve_app.tools.chat import ToolChatService
@@ -145,6 +145,8 @@ class Gateway:
             serve_status_source(app_name, deployments), config.readiness_refresh_s
         )
         settings = get_settings()
+        if config.deployment_mode == "production":  # each replica's own environment counts
+            require_production_ready(settings)
         database = Database.from_settings(settings)
         database.migrate()
         speech, transcription = ray_audio_clients(config.catalog, heads)

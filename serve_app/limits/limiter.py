@@ -10,6 +10,7 @@ touches the counter store at all.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from serve_app.auth.principal import Principal
@@ -84,11 +85,18 @@ class RateLimiter:
     """Admits requests before any byte is sent and settles them afterwards."""
 
     def __init__(
-        self, store: CounterStore, platform: PlatformLimits, *, fail_open: bool = True
+        self,
+        store: CounterStore,
+        platform: PlatformLimits,
+        *,
+        fail_open: bool = True,
+        on_fail_open: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self.platform = platform
         self.fail_open = fail_open
+        self.on_fail_open = on_fail_open
+        """Called for each request let through unlimited (a metric, so it is not log-only)."""
 
     async def admit(self, principal: Principal, request_id: str, cost: int) -> Ticket | None:
         """Reserve one request and ``cost`` tokens, or raise the 429.
@@ -104,6 +112,8 @@ class RateLimiter:
         except Exception:
             logger.exception("counter store unavailable during admission")
             if self.fail_open:
+                if self.on_fail_open is not None:
+                    self.on_fail_open()
                 return None
             raise ModelUnavailableError(
                 "Rate limiting is temporarily unavailable; retry shortly.",

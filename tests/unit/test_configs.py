@@ -127,13 +127,26 @@ def test_runtime_env_vars_are_strings(path: Path) -> None:
         assert all(isinstance(v, str) for v in env_vars.values()), env_vars
 
 
+# What cluster.yaml's env file provides; production-mode builds refuse to bind without it.
+PRODUCTION_ENV = {
+    "GATEWAY_DATABASE_URL": "postgresql+psycopg://gateway:pw@db.internal:5432/gateway",
+    "GATEWAY_REDIS_URL": "redis://redis.internal:6379/0",
+    "GATEWAY_OBJECT_STORE": "s3",
+    "GATEWAY_S3_BUCKET": "gateway-videos",
+}
+
+
 @pytest.mark.parametrize("path", SERVE_CONFIGS, ids=_rel)
-def test_builder_binds_a_serve_application_without_ray(path: Path) -> None:
+def test_builder_binds_a_serve_application_without_ray(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import ray
     from ray.serve import Application
 
     from serve_app.builders import build_gateway_app
 
+    for name, value in PRODUCTION_ENV.items():
+        monkeypatch.setenv(name, value)
     for app_config in _gateway_apps(path):
         app = build_gateway_app(app_config["args"])
         assert isinstance(app, Application)
