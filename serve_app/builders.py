@@ -35,7 +35,7 @@ HEAD_DEPLOYMENTS: dict[str, Any] = {
     "parse": ParseHead,
     "video": VideoHead,
 }
-"""Head kind -> its Ray Serve deployment; kinds not listed are catalog-only for now."""
+"""Head kind -> its Ray Serve deployment; every catalog head kind has one."""
 
 
 def _is_known_backend(head: str, backend: str) -> bool:

@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 HeadKind = Literal["chat", "speech", "transcription", "video", "detect", "parse"]
 Modality = Literal["text", "image", "audio", "video", "embedding", "score", "json"]
 ReasoningFormat = Literal["none", "think_tags", "harmony"]
+DEMO_TIER = "demo"
+"""Tier of random-weight stand-ins: they run the real code path, their output means nothing."""
 
 
 def _text_only() -> list[Modality]:
@@ -171,6 +173,8 @@ class CatalogModel(_Strict):
             raise ValueError(f"{self.id}: external models need pricing.mode 'external'")
         if self.head == "chat" and (self.context_length is None or self.max_output_tokens is None):
             raise ValueError(f"{self.id}: chat models need context_length and max_output_tokens")
+        if self.tier == DEMO_TIER and not self.notice:
+            raise ValueError(f"{self.id}: tier 'demo' needs a notice saying what really runs")
         return self
 
     @property

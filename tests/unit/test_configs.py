@@ -203,6 +203,22 @@ def test_every_non_chat_head_has_its_unit_price(path: Path) -> None:
             assert getattr(model.pricing, field) is not None, f"{model.id}: no {field}"
 
 
+@pytest.mark.parametrize("path", CATALOG_FILES, ids=_rel)
+def test_cards_say_what_really_runs(path: Path) -> None:
+    # Random weights (tiny:<kind> models) are published as demo with a notice, and a
+    # substitute backend is never credited to the model it stands in for.
+    for model in map(CatalogModel.model_validate, _catalog_entries(path)):
+        source = str(model.engine.config.get("model", ""))
+        if source.startswith("tiny:"):
+            assert model.tier == "demo", f"{model.id} runs random weights ({source})"
+            assert model.notice, model.id
+        if model.engine.backend == "rapid-table":
+            assert "SLANet-plus" in (model.publisher or ""), model.id
+            assert "IBM" not in (model.publisher or ""), model.id
+        if model.engine.backend == "rapid-layout":
+            assert "RapidLayout" in (model.publisher or ""), model.id
+
+
 def test_production_catalog_covers_every_head_and_an_external_model() -> None:
     models = [
         CatalogModel.model_validate(e)
