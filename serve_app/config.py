@@ -34,6 +34,29 @@ class IngressOptions(_Strict):
     )
 
 
+class ToolRunnerOptions(_Strict):
+    """The code_interpreter sandbox's own deployment (``deployments.tool_runner``).
+
+    Untrusted code runs in these replicas, not in the ingress: on a cluster they ask for a
+    node type that has bubblewrap and slirp4netns (cluster.yaml's ``tool_runner_host``).
+    """
+
+    enabled: bool = Field(
+        default=True,
+        description="false: no tool-runner deployment; each gateway replica runs the sandbox "
+        "itself (a one-process setup only: the ingress then runs untrusted code).",
+    )
+    num_replicas: int = Field(default=1, ge=1, description="Tool-runner replicas.")
+    max_ongoing_requests: int = Field(
+        default=8, ge=1, description="Sandbox runs one replica carries at once."
+    )
+    ray_actor_options: dict[str, Any] = Field(
+        # A fraction: on a 2-core machine a whole CPU per replica leaves heads pending.
+        default_factory=lambda: {"num_cpus": 0.1},
+        description="Resources per replica; production adds {resources: {tool_runner_host: 1}}.",
+    )
+
+
 class TimeoutOptions(_Strict):
     first_event_s: float = Field(
         default=120.0, gt=0, description="Wait for a head's first event before a 504."
@@ -238,6 +261,10 @@ class GatewayAppArgs(_Strict):
     tools: ToolsOptions = Field(
         default_factory=ToolsOptions,
         description="Server tools: search provider, fetch limits, code sandbox.",
+    )
+    tool_runner: ToolRunnerOptions = Field(
+        default_factory=ToolRunnerOptions,
+        description="Where code_interpreter runs: its own deployment (default) or in-process.",
     )
     limits: LimitsOptions = Field(
         default_factory=LimitsOptions, description="Platform default rate limits and quota."

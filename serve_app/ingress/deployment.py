@@ -48,6 +48,7 @@ from serve_app.storage.db import Database
 from serve_app.storage.objects import ObjectStore, build_object_store
 from serve_app.tools.chat import ToolChatService
 from serve_app.tools.runners import ToolRuntime
+from serve_app.tools.sandbox import CodeSandbox, RemoteSandbox
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ def build_state(
     video_heads: dict[str, VideoHeadClient] | None = None,
     objects: ObjectStore | None = None,
     dedicated_backend: ServeBackend | None = None,
+    sandbox: CodeSandbox | None = None,
 ) -> GatewayState:
     """Wire the services of one replica (shared by Ray and in-process tests).
 
@@ -85,7 +87,7 @@ def build_state(
         TimeoutPolicy(**config.timeouts.model_dump()),
         metering,
     )
-    tools = ToolRuntime.from_options(config.tools)
+    tools = ToolRuntime.from_options(config.tools, sandbox)
     return GatewayState(
         catalog=catalog,
         auth=AuthService(AccountStore(database, pepper=settings.key_pepper), settings),
@@ -129,7 +131,7 @@ class Gateway:
     """Stateless FastAPI ingress; scale it with ``ingress.num_replicas``."""
 
     async def __init__(  # type: ignore[misc]  # Serve awaits async constructors
-        self, args: dict[str, Any], heads: dict[str, Any]
+        self, args: dict[str, Any], heads: dict[str, Any], tool_runner: Any = None
     ) -> None:
         configure_replica_logging()
         config = GatewayAppArgs.model_validate(args)
@@ -161,6 +163,8 @@ class Gateway:
             document_heads=ray_document_clients(config.catalog, heads),
             video_heads=ray_video_clients(config.catalog, heads),
             dedicated_backend=RayServeBackend() if config.dedicated.enabled else None,
+            # Untrusted code runs in the tool-runner replicas, not in this process.
+            sandbox=RemoteSandbox(tool_runner) if tool_runner is not None else None,
         )
         # On the replica's loop: adopt spool files a dead replica left, start flushing.
         await state.text.metering.start()

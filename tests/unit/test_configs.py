@@ -285,9 +285,43 @@ def test_every_custom_resource_requested_is_offered_by_a_node_type() -> None:
         for name in node_type["resources"]
     }
     config = GatewayAppArgs.model_validate(_gateway_apps(CONFIGS / "production.yaml")[0]["args"])
-    wanted = {"ingress": _custom_resources(config.ingress.ray_actor_options)}
+    wanted = {
+        "ingress": _custom_resources(config.ingress.ray_actor_options),
+        "tool-runner": _custom_resources(config.tool_runner.ray_actor_options),
+    }
     for model in config.catalog:
         if not model.is_external:
             wanted[model.id] = _custom_resources(model.deployment.ray_actor_options)
     missing = {who: sorted(names - offered) for who, names in wanted.items() if names - offered}
     assert not missing, f"no node type in cluster.yaml offers {missing}: replicas would hang"
+
+
+@pytest.mark.parametrize("path", SERVE_CONFIGS, ids=_rel)
+def test_the_code_sandbox_is_its_own_deployment(path: Path) -> None:
+
+    for app_config in _gateway_apps(path):
+        config = GatewayAppArgs.model_validate(app_config["args"])
+        assert config.tool_runner.enabled, f"{_rel(path)} runs untrusted code in the ingress"
+        options = config.tool_runner.ray_actor_options
+        RayActorOptionsSchema.model_validate(options)
+        if path.name == "local.yaml":  # one 2-core machine: a whole CPU would leave it pending
+            assert 0 < options["num_cpus"] < 1
+
+
+def test_tool_runners_land_on_cpu_nodes_that_install_the_sandbox() -> None:
+    cluster = _load(CLUSTER_YAML)
+    config = GatewayAppArgs.model_validate(_gateway_apps(CONFIGS / "production.yaml")[0]["args"])
+    wanted = _custom_resources(config.tool_runner.ray_actor_options)
+    assert wanted, "production tool runners must ask for a node type of their own"
+    hosts = {
+        name: node
+        for name, node in cluster["available_node_types"].items()
+        if wanted & set(node["resources"])
+    }
+    assert hosts, wanted
+    for name, node in hosts.items():
+        assert node["resources"].get("GPU", 0) == 0, f"{name}: code would run next to a model"
+        assert name != cluster["head_node_type"], "untrusted code on the head node"
+        assert "--device /dev/net/tun" in node["docker"]["worker_run_options"], name
+    setup = " ".join(cluster["setup_commands"])
+    assert "bubblewrap" in setup and "slirp4netns" in setup
