@@ -298,7 +298,9 @@ def check_vllm_args(subject: str, parsed: Any) -> list[Problem]:
     except Exception:
         return []  # reported as the backend's missing runtime
     problems: list[Problem] = []
-    if device is not None and parsed.device not in ("auto", device):
+    # device "" is vLLM's UnspecifiedPlatform: a node without an accelerator (the cluster's
+    # CPU head) checking a CUDA build; the GPU nodes' own check decides there.
+    if device and parsed.device not in ("auto", device):
         problems.append(
             Problem(
                 subject,
@@ -307,7 +309,7 @@ def check_vllm_args(subject: str, parsed: Any) -> list[Problem]:
                 "device: auto",
             )
         )
-    kwargs = parsed.engine_kwargs(device or "cpu", parsed.model)
+    kwargs = parsed.engine_kwargs(device or parsed.device.replace("auto", "cuda"), parsed.model)
     fields = {f.name: f for f in dataclasses.fields(AsyncEngineArgs)}
     unknown = sorted(set(kwargs) - set(fields))
     if unknown:
