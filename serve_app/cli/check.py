@@ -142,6 +142,8 @@ def run_checks(
         production = production or config.deployment_mode == "production"
         for model in config.catalog:
             problems.extend(check_model(model, settings, hub_allowed=hub_allowed))
+        if config.deployment_mode == "production":  # locally `gateway run` mints the loopback key
+            problems.extend(_external_keys(config))
     if production:
         problems.extend(
             Problem("environment", refusal, "export it in the env file (docs/deployment.md)")
@@ -152,6 +154,19 @@ def run_checks(
 
 
 # ---------------------------------------------------------------------------- models
+
+
+def _external_keys(config: GatewayAppArgs) -> list[Problem]:
+    """External models whose upstream key is not in this environment: every call would fail."""
+    return [
+        Problem(
+            f"model {model.id}",
+            f"{model.external.api_key_env} is unset: calls to this external model would fail",
+            "export the provider's key in the env file",
+        )
+        for model in config.catalog
+        if model.external is not None and not os.environ.get(model.external.api_key_env)
+    ]
 
 
 def check_model(

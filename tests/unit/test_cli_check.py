@@ -161,6 +161,33 @@ def test_production_mode_names_each_missing_variable(
     assert len(lines) == 3, lines  # the SQLite file and the local folder themselves work
 
 
+def test_production_names_an_external_model_without_its_key(
+    tmp_path: Path,
+    settings: GatewaySettings,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    external = {
+        "id": "provider/chat",
+        "head": "chat",
+        "context_length": 1000,
+        "max_output_tokens": 100,
+        "pricing": {"mode": "external"},
+        "external": {
+            "base_url": "https://provider.example/v1",
+            "api_key_env": "PROD15_TEST_PROVIDER_KEY",
+            "upstream_model": "chat",
+        },
+    }
+    config = _write_config(tmp_path, {"deployment_mode": "production", "catalog": [external]})
+    monkeypatch.delenv("PROD15_TEST_PROVIDER_KEY", raising=False)
+    main(["check", "--config", config], settings=settings)
+    assert "model provider/chat: PROD15_TEST_PROVIDER_KEY is unset" in capsys.readouterr().out
+    monkeypatch.setenv("PROD15_TEST_PROVIDER_KEY", "sk-test")
+    main(["check", "--config", config], settings=settings)
+    assert "PROD15_TEST_PROVIDER_KEY" not in capsys.readouterr().out
+
+
 def test_invalid_args_are_reported_not_raised(
     tmp_path: Path, settings: GatewaySettings, capsys: pytest.CaptureFixture[str]
 ) -> None:
