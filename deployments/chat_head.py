@@ -27,7 +27,7 @@ from deployments.engines.base import (
 from deployments.head_protocol import HeadEvent, HeadFailure, HeadRequest, HeadStarted
 from deployments.replica_logging import configure_replica_logging
 from deployments.stream_batching import DEFAULT_INTERVAL_S, coalesce
-from serve_app.protocol.errors import GatewayError, InvalidRequestError, UpstreamError
+from serve_app.contract.errors import GatewayError, InvalidRequestError, UpstreamError
 
 logger = logging.getLogger(__name__)
 
@@ -73,15 +73,14 @@ class ChatHeadCore:
         supported = self.engine.supported_extra_params()
         extra = {k: v for k, v in request.sampling.extra.items() if k in supported}
         ignored = sorted(k for k in request.sampling.extra if k not in supported)
+        honoured = dataclasses.replace(request.sampling, extra=extra)
         prepared: list[PreparedPrompt] = []
         samplings: list[SamplingSpec] = []
         for prompt in request.prompts:
-            ready = await self.engine.prepare(prompt)
+            ready = await self.engine.prepare(prompt, honoured)
             max_tokens = self._max_tokens_for(request, ready.num_tokens)
             prepared.append(ready)
-            samplings.append(
-                dataclasses.replace(request.sampling, max_tokens=max_tokens, extra=extra)
-            )
+            samplings.append(dataclasses.replace(honoured, max_tokens=max_tokens))
         return prepared, samplings, ignored
 
     def _max_tokens_for(self, request: HeadRequest, prompt_tokens: int) -> int:
@@ -119,7 +118,7 @@ class ChatHeadCore:
         n = request.sampling.n
         totals = GenerationDone(prompt_tokens=0, completion_tokens=0)
         streams = [
-            self._offset_stream(f"{request.request_id}-{i}", p, s, i * n)
+            self._offset_stream(f"{request.request_id}-{i}", p, s, i * n, request.stream)
             for i, (p, s) in enumerate(zip(prepared, samplings, strict=True))
         ]
         try:
@@ -138,9 +137,14 @@ class ChatHeadCore:
         yield totals
 
     async def _offset_stream(
-        self, request_id: str, prompt: PreparedPrompt, sampling: SamplingSpec, offset: int
+        self,
+        request_id: str,
+        prompt: PreparedPrompt,
+        sampling: SamplingSpec,
+        offset: int,
+        stream: bool,
     ) -> AsyncIterator[TextDelta | GenerationDone]:
-        async for event in self.engine.generate(request_id, prompt, sampling):
+        async for event in self.engine.generate(request_id, prompt, sampling, stream=stream):
             if isinstance(event, TextDelta) and offset:
                 event = dataclasses.replace(event, choice_index=event.choice_index + offset)
             yield event

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from deployments.engines.base import GenerationDone, PromptSpec, SamplingSpec, TextDelta
-from serve_app.protocol.errors import GatewayError
+from serve_app.contract.errors import GatewayError
 
 
 @dataclass
@@ -31,6 +31,9 @@ class HeadRequest:
     max_tokens_param: str
     max_output_tokens: int
     prompt_param: str = "messages"
+    stream: bool = True
+    """False: the head may answer with one whole result per choice instead of a token
+    stream (a non-streamed call without server tools: nothing to relay early)."""
 
 
 @dataclass

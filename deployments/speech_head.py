@@ -25,7 +25,7 @@ from deployments.engines.audio_base import (
 )
 from deployments.head_protocol import HeadFailure
 from deployments.replica_logging import configure_replica_logging
-from serve_app.protocol.errors import (
+from serve_app.contract.errors import (
     GatewayError,
     InvalidRequestError,
     ModelUnavailableError,

@@ -29,7 +29,7 @@ from deployments.engines.audio_base import (
 )
 from deployments.head_protocol import HeadFailure
 from deployments.replica_logging import configure_replica_logging
-from serve_app.protocol.errors import GatewayError, ModelUnavailableError, UpstreamError
+from serve_app.contract.errors import GatewayError, ModelUnavailableError, UpstreamError
 
 logger = logging.getLogger(__name__)
 

@@ -48,9 +48,9 @@ from deployments.engines.video_base import (
     resolve_params,
 )
 from deployments.replica_logging import configure_replica_logging
+from serve_app.contract.errors import GatewayError
 from serve_app.jobs.records import VideoJob
 from serve_app.jobs.store import JobStore
-from serve_app.protocol.errors import GatewayError
 from serve_app.storage.objects import ObjectStore
 
 logger = logging.getLogger(__name__)

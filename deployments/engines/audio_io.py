@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from deployments.engines.audio_base import OUTPUT_SAMPLE_RATE, AudioContainer
-from serve_app.protocol.errors import InvalidRequestError
+from serve_app.contract.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)
 

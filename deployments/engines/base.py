@@ -7,11 +7,15 @@ GPU in production, a scripted engine in tests of the gateway's own logic.
 Streaming contract (read this before writing a backend):
 
 1. ``prepare`` renders the prompt (chat template applied) and tokenizes it
-   once. The head reads ``num_tokens`` for ``context_length_exceeded`` and to
+   once, with the request's sampling at hand (a backend may validate both).
+   The head reads ``num_tokens`` for ``context_length_exceeded`` and to
    size ``max_tokens`` when the caller omitted it, *before* anything is
    generated, then hands the same ``PreparedPrompt`` to ``generate``.
 2. ``generate`` yields ``TextDelta`` items, then exactly one ``GenerationDone``.
-   Deltas carry only new text. ``choice_index`` runs 0..n-1 for one prompt.
+   Deltas carry only new text. ``tool_calls`` follow OpenAI's streaming
+   semantics: entries with the same ``index`` are one call, the first fragment
+   carries ``id`` and ``name``, later ones only more ``arguments``.
+   ``choice_index`` runs 0..n-1 for one prompt.
    ``finish_reason`` is set on the last delta of a choice ("stop", "length",
    "tool_calls", "content_filter").
 3. Failure before the first delta: raise. Failure after it: raise as well; the
@@ -53,6 +57,8 @@ class PromptSpec:
     kind: PromptKind
     messages: list[dict[str, Any]] | None = None
     prompt: str | None = None
+    token_ids: list[int] | None = None
+    """A completion prompt given as token ids (OpenAI allows it; Orpheus builds its own)."""
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -91,6 +97,9 @@ class TextDelta:
     finish_reason: str | None = None
     completion_tokens: int = 0
     """Tokens generated for this choice so far (cumulative), for partial billing."""
+    logprobs: Any = None
+    """This delta's logprobs in OpenAI's shape for the route (chat: ``{"content": [...]}``;
+    completions: ``{"tokens": [...], "token_logprobs": [...], ...}``), or None."""
 
 
 @dataclass
@@ -135,14 +144,22 @@ class TextEngine(abc.ABC):
         """Load the model; called once by the head before it reports healthy."""
 
     @abc.abstractmethod
-    async def prepare(self, prompt: PromptSpec) -> PreparedPrompt:
+    async def prepare(self, prompt: PromptSpec, sampling: SamplingSpec) -> PreparedPrompt:
         """Render and tokenize; raise ``InvalidRequestError`` for unrenderable input."""
 
     @abc.abstractmethod
     def generate(
-        self, request_id: str, prompt: PreparedPrompt, sampling: SamplingSpec
+        self,
+        request_id: str,
+        prompt: PreparedPrompt,
+        sampling: SamplingSpec,
+        *,
+        stream: bool = True,
     ) -> AsyncIterator[EngineEvent]:
-        """Stream deltas then one ``GenerationDone`` (see the module docstring)."""
+        """Stream deltas then one ``GenerationDone`` (see the module docstring).
+
+        ``stream=False`` allows one whole delta per choice (nobody reads tokens early).
+        """
 
     def supported_extra_params(self) -> frozenset[str]:
         """Names of unknown request fields this backend honours when relayed.

@@ -26,7 +26,7 @@ import abc
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from serve_app.protocol.errors import InvalidRequestError
+from serve_app.contract.errors import InvalidRequestError
 
 if TYPE_CHECKING:
     from PIL import Image

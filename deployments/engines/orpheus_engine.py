@@ -29,7 +29,7 @@ from deployments.engines.audio_base import (
     SpeechEngineInfo,
     SynthesizedAudio,
 )
-from deployments.engines.base import PreparedPrompt, PromptSpec, SamplingSpec, TextDelta
+from deployments.engines.base import PromptSpec, SamplingSpec, TextDelta
 from deployments.engines.vllm_config import VLLMEngineConfig
 
 START_OF_HUMAN = 128259
@@ -174,8 +174,6 @@ class OrpheusSpeechEngine(SpeechEngine):
         return SynthesizedAudio(samples=samples, sample_rate=OUTPUT_SAMPLE_RATE)
 
     async def _generate_frames(self, text: str, voice: str) -> list[list[int]]:
-        prepared = await self._lm.prepare(PromptSpec(kind="completion", prompt=f"{voice}: {text}"))
-        prompt = PreparedPrompt(token_ids=[START_OF_HUMAN, *prepared.token_ids, *END_OF_PROMPT])
         sampling = SamplingSpec(
             max_tokens=self.config.max_tokens_per_chunk,
             temperature=self.config.temperature,
@@ -186,6 +184,11 @@ class OrpheusSpeechEngine(SpeechEngine):
                 "skip_special_tokens": False,
             },
         )
+        text_only = await self._lm.prepare(
+            PromptSpec(kind="completion", prompt=f"{voice}: {text}"), sampling
+        )
+        ids = [START_OF_HUMAN, *text_only.token_ids, *END_OF_PROMPT]
+        prompt = await self._lm.prepare(PromptSpec(kind="completion", token_ids=ids), sampling)
         generated: list[str] = []
         async for event in self._lm.generate(f"orpheus-{uuid.uuid4().hex}", prompt, sampling):
             if isinstance(event, TextDelta):

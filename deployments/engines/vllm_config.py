@@ -91,8 +91,8 @@ class VLLMEngineConfig(BaseModel):
     reasoning_format: Literal["none", "think_tags"] = Field(
         default="none",
         description=(
-            "'think_tags': a leading <think>...</think> block is streamed as reasoning and "
-            "counted as reasoning tokens; 'none': all output is answer text."
+            "Shorthand kept for older configs: 'think_tags' means reasoning_parser "
+            "'deepseek_r1' (a leading <think>...</think> block on its own channel)."
         ),
     )
     tool_call_parser: str | None = Field(
@@ -134,6 +134,12 @@ class VLLMEngineConfig(BaseModel):
         description="Further AsyncEngineArgs fields passed as given; they win over the above.",
     )
 
+    def effective_reasoning_parser(self) -> str | None:
+        """The vLLM reasoning parser in force (``reasoning_format`` is its older spelling)."""
+        if self.reasoning_parser:
+            return self.reasoning_parser
+        return "deepseek_r1" if self.reasoning_format == "think_tags" else None
+
     def engine_kwargs(self, device_type: str, model_path: str) -> dict[str, Any]:
         """Keyword arguments for ``AsyncEngineArgs`` on a platform of ``device_type``.
 
@@ -160,5 +166,8 @@ class VLLMEngineConfig(BaseModel):
             kwargs["kv_cache_memory_bytes"] = kv_bytes
         if self.enable_prefix_caching is not None:
             kwargs["enable_prefix_caching"] = self.enable_prefix_caching
+        if (parser := self.effective_reasoning_parser()) is not None:
+            # The engine side needs it too: structured outputs start after the reasoning.
+            kwargs["reasoning_parser"] = parser
         kwargs.update(self.engine_args)
         return kwargs

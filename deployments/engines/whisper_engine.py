@@ -31,7 +31,7 @@ from deployments.engines.audio_base import (
     TranscriptionOptions,
     TranscriptSegment,
 )
-from serve_app.protocol.errors import InvalidRequestError
+from serve_app.contract.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)
 

@@ -29,6 +29,7 @@ from serve_app.settings import GatewaySettings
 COMMAND_MODULES: tuple[str, ...] = (
     "serve_app.cli.accounts",
     "serve_app.cli.check",
+    "serve_app.cli.search",
     "serve_app.cli.serve",
     "serve_app.cli.usage",
 )

@@ -87,7 +87,7 @@ def build_state(
         TimeoutPolicy(**config.timeouts.model_dump()),
         metering,
     )
-    tools = ToolRuntime.from_options(config.tools, sandbox)
+    tools = ToolRuntime.from_options(config.tools, settings.state_dir, sandbox)
     return GatewayState(
         catalog=catalog,
         auth=AuthService(AccountStore(database, pepper=settings.key_pepper), settings),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from deployments.sandbox.options import CodeInterpreterOptions
 
@@ -20,13 +20,55 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class LocalSearchOptions(_Strict):
+    """The ``local`` provider: a SQLite FTS5 index of pages on this machine (no internet).
+
+    Operators fill the index with ``gateway search index``; ``seed_paths`` only
+    gives a fresh install something to search (indexed when the index is empty).
+    """
+
+    index_path: str | None = Field(
+        default=None,
+        description="SQLite file of the index; default GATEWAY_STATE_DIR/search/index.db "
+        "(the file `gateway search index` writes by default).",
+    )
+    seed_paths: list[str] = Field(
+        default_factory=list,
+        description="Files or folders (relative paths: from the repository root) indexed by "
+        "a gateway replica at start when the index holds no page yet.",
+    )
+    seed_base_url: str | None = Field(
+        default=None,
+        description="URL prefix of seeded pages: base + path relative to the repository "
+        "root, unless a page names its own URL (canonical link, front matter).",
+    )
+    serve_fetches: bool = Field(
+        default=True,
+        description="web_fetch of a URL the index holds reads the indexed text instead of "
+        "the network, so a search result can be opened without internet access.",
+    )
+
+    @model_validator(mode="after")
+    def _seed_needs_urls(self) -> LocalSearchOptions:
+        if self.seed_paths and not self.seed_base_url:
+            raise ValueError("seed_base_url is required with seed_paths (pages need web URLs)")
+        url = self.seed_base_url
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"seed_base_url must be an http(s) URL, got {url!r}")
+        return self
+
+
 class WebSearchOptions(_Strict):
     """Where ``web_search`` sends queries."""
 
-    provider: Literal["none", "searxng", "brave"] = Field(
+    provider: Literal["none", "local", "searxng", "brave"] = Field(
         default="none",
-        description="none: every search fails (tool unavailable); searxng: a SearXNG "
-        "instance's JSON API (GET {url}/search?format=json); brave: the Brave Search API.",
+        description="none: every search fails (tool unavailable); local: the SQLite FTS5 "
+        "index on this machine (see `local`); searxng: a SearXNG instance's JSON API "
+        "(GET {url}/search?format=json); brave: the Brave Search API.",
+    )
+    local: LocalSearchOptions = Field(
+        default_factory=LocalSearchOptions, description="Settings of provider: local."
     )
     url: str | None = Field(
         default=None,

@@ -15,12 +15,14 @@ import logging
 import math
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from deployments.engines.base import ToolCallDelta
 from serve_app.tools.citations import SourceList
 from serve_app.tools.config import ToolsOptions
 from serve_app.tools.declarations import CODE_SECONDS_PER_REQUEST, ServerToolPlan
+from serve_app.tools.local_search import LocalSearchProvider
 from serve_app.tools.safe_fetch import FetchError, SafeFetcher
 from serve_app.tools.sandbox import BwrapSandbox, CodeRun, CodeSandbox, SandboxUnavailableError
 from serve_app.tools.search import SearchError, SearchProvider, build_search_provider
@@ -69,12 +71,18 @@ class ToolRuntime:
     sandbox: CodeSandbox
 
     @classmethod
-    def from_options(cls, options: ToolsOptions, sandbox: CodeSandbox | None = None) -> ToolRuntime:
-        """``sandbox``: the tool-runner deployment's client; None runs code in-process."""
+    def from_options(
+        cls,
+        options: ToolsOptions,
+        state_dir: Path | None = None,
+        sandbox: CodeSandbox | None = None,
+    ) -> ToolRuntime:
+        """``state_dir``: where the ``local`` search provider finds its index by default;
+        ``sandbox``: the tool-runner deployment's client (None runs code in-process)."""
         fetch = options.web_fetch
         return cls(
             options=options,
-            search=build_search_provider(options.web_search),
+            search=build_search_provider(options.web_search, state_dir),
             fetcher=SafeFetcher(
                 timeout_s=fetch.timeout_s,
                 max_bytes=fetch.max_bytes,
@@ -160,10 +168,30 @@ class ToolBox:
         url = str(record.action.get("url") or "").strip()
         if not url:
             raise ValueError("web_fetch needs a url")
-        page = await self.runtime.fetcher.get(url)
-        title, text = page_text(page, self.runtime.options.web_fetch.max_chars)
+        stored = await self._stored_page(url)
+        if stored is not None:
+            title, text = stored
+        else:
+            page = await self.runtime.fetcher.get(url)
+            title, text = page_text(page, self.runtime.options.web_fetch.max_chars)
         source = self.sources.add(url, title)
         return f"[{source.index}] {title}\nURL: {url}\n\n{text}"
+
+    async def _stored_page(self, url: str) -> tuple[str, str] | None:
+        """A page of the local search index, read without the network (``serve_fetches``)."""
+        search = self.runtime.search
+        if not isinstance(search, LocalSearchProvider):
+            return None
+        if not self.runtime.options.web_search.local.serve_fetches:
+            return None
+        stored = await search.stored_page(url)
+        if stored is None:
+            return None
+        title, text = stored
+        limit = self.runtime.options.web_fetch.max_chars
+        if len(text) > limit:
+            text = text[:limit] + "\n[truncated]"
+        return title or url, text
 
     async def _code(self, record: ToolCallRecord) -> str:
         code = str(record.action.get("arguments", {}).get("code") or "")

@@ -1,8 +1,10 @@
 """``web_search`` behind one small interface, with real HTTP providers.
 
 The loop only needs ``search(query, count) -> hits``, so a provider is a class
-with that method. Two speak real public APIs: SearXNG's JSON API (self-hosted
-metasearch: ``GET {url}/search?q=...&format=json``) and the Brave Search API
+with that method. ``local`` (``local_search.py``) reads a SQLite FTS5 index on
+this machine, for a gateway without internet access. Two speak real public
+APIs: SearXNG's JSON API (self-hosted metasearch:
+``GET {url}/search?q=...&format=json``) and the Brave Search API
 (``X-Subscription-Token``). The provider URL is operator configuration, not
 model input, so it is called directly (no SSRF guard); the key comes from the
 environment variable the config names. Tests point the SearXNG provider at a
@@ -14,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
@@ -108,9 +111,36 @@ class BraveProvider(_HttpProvider):
         return self._hits(rows, "description", count)
 
 
-def build_search_provider(options: WebSearchOptions) -> SearchProvider:
+def build_search_provider(options: WebSearchOptions, state_dir: Path | None) -> SearchProvider:
+    """The configured provider; ``state_dir`` locates the ``local`` index by default.
+
+    ``local`` seeds its index here (in the replica, before it serves) when
+    ``seed_paths`` is set and the index is empty, so the embedded default has
+    pages to search on first start whatever command started it.
+    """
     if options.provider == "searxng":
         return SearxngProvider(options)
     if options.provider == "brave":
         return BraveProvider(options)
+    if options.provider == "local":
+        return _local_provider(options, state_dir)
     return DisabledSearchProvider()
+
+
+def _local_provider(options: WebSearchOptions, state_dir: Path | None) -> SearchProvider:
+    # Imported here: local_search builds on this module's SearchHit and SearchError.
+    from serve_app.config import REPO_ROOT
+    from serve_app.tools import local_search
+
+    local = options.local
+    if local.index_path:
+        path = Path(local.index_path).expanduser()
+    elif state_dir is not None:
+        path = local_search.default_index_path(state_dir)
+    else:
+        raise ValueError("tools.web_search.local.index_path is required without a state dir")
+    index = local_search.LocalSearchIndex(path)
+    if local.seed_paths and local.seed_base_url:  # the config requires both together
+        seeds = [p if p.is_absolute() else REPO_ROOT / p for p in map(Path, local.seed_paths)]
+        local_search.seed_index(index, seeds, local.seed_base_url, REPO_ROOT)
+    return local_search.LocalSearchProvider(index, options.snippet_chars)

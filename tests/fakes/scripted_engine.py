@@ -68,7 +68,9 @@ class ScriptedEngine(TextEngine):
             ids.append(self.vocab[word])
         return ids
 
-    async def prepare(self, prompt: PromptSpec) -> PreparedPrompt:
+    async def prepare(
+        self, prompt: PromptSpec, sampling: SamplingSpec | None = None
+    ) -> PreparedPrompt:
         if prompt.kind == "chat":
             lines = []
             for m in prompt.messages or []:
@@ -95,7 +97,12 @@ class ScriptedEngine(TextEngine):
         return ""
 
     async def generate(
-        self, request_id: str, prompt: PreparedPrompt, sampling: SamplingSpec
+        self,
+        request_id: str,
+        prompt: PreparedPrompt,
+        sampling: SamplingSpec,
+        *,
+        stream: bool = True,
     ) -> AsyncIterator[EngineEvent]:
         last: str = prompt.payload["last"]
         self.seen.append((prompt.payload["prompt"], sampling))

@@ -7,6 +7,7 @@ short. Greedy decoding makes the answers stable enough to assert on.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -52,8 +53,12 @@ async def engine(smollm2_dir: Path) -> AsyncIterator[VLLMEngine]:
     await built.shutdown()
 
 
-async def chat(engine: VLLMEngine, messages: list[dict[str, str]] = QUESTION) -> PreparedPrompt:
-    return await engine.prepare(PromptSpec(kind="chat", messages=messages))
+async def chat(
+    engine: VLLMEngine,
+    messages: list[dict[str, str]] = QUESTION,
+    sampling: SamplingSpec | None = None,
+) -> PreparedPrompt:
+    return await engine.prepare(PromptSpec(kind="chat", messages=messages), sampling or greedy())
 
 
 async def collect(
@@ -89,7 +94,7 @@ async def test_prepare_renders_chatml_and_counts_tokens(
     )
 
 
-async def test_text_content_parts_render_like_a_string(engine: VLLMEngine) -> None:
+async def test_text_content_parts_render_joined_by_newlines(engine: VLLMEngine) -> None:
     parts = [
         {
             "role": "user",
@@ -99,19 +104,85 @@ async def test_text_content_parts_render_like_a_string(engine: VLLMEngine) -> No
             ],
         }
     ]
-    as_parts = await engine.prepare(PromptSpec(kind="chat", messages=parts))
-    assert as_parts.token_ids == (await chat(engine)).token_ids
+    as_parts = await engine.prepare(PromptSpec(kind="chat", messages=parts), greedy())
+    # vLLM's serving layer joins text parts with a newline (its "string" content format).
+    joined = [{"role": "user", "content": "What is the capital\n of France?"}]
+    assert as_parts.token_ids == (await chat(engine, joined)).token_ids
 
 
 async def test_unrenderable_chat_is_a_400(engine: VLLMEngine) -> None:
-    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
-    with pytest.raises(InvalidRequestError, match="text only"):
-        await engine.prepare(PromptSpec(kind="chat", messages=image))
+    url = {"url": "http://127.0.0.1/x.png"}
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": url}]}]
+    with pytest.raises(InvalidRequestError, match="data URIs only") as caught:
+        await engine.prepare(PromptSpec(kind="chat", messages=image), greedy())
+    assert caught.value.param == "messages[0].content[0]"
     with pytest.raises(InvalidRequestError) as caught:
         await engine.prepare(
-            PromptSpec(kind="chat", messages=QUESTION, chat_template_kwargs={"tokenize": True})
+            PromptSpec(kind="chat", messages=QUESTION, chat_template_kwargs={"tokenize": True}),
+            greedy(),
         )
     assert caught.value.param == "chat_template_kwargs"
+
+
+async def test_an_image_on_a_text_only_model_is_a_400(engine: VLLMEngine) -> None:
+    pixel = (
+        "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4"
+        "nGP4z8DwHwAFAAH/iZk9HQAAAABJRU5ErkJggg=="
+    )
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": pixel}}]}]
+    with pytest.raises(InvalidRequestError):
+        await engine.prepare(PromptSpec(kind="chat", messages=image), greedy())
+
+
+async def test_tools_without_a_parser_are_refused(engine: VLLMEngine) -> None:
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+    with pytest.raises(InvalidRequestError) as caught:
+        await engine.prepare(
+            PromptSpec(kind="chat", messages=QUESTION, tools=[tool], tool_choice="required"),
+            greedy(),
+        )
+    assert caught.value.param == "tools"
+
+
+async def test_logprobs_and_json_schema_are_honoured(engine: VLLMEngine) -> None:
+    schema = {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "capital",
+            "schema": {
+                "type": "object",
+                "properties": {"capital": {"type": "string"}},
+                "required": ["capital"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    sampling = greedy(max_tokens=30, extra={"response_format": schema, "logprobs": True})
+    for stream in (True, False):
+        prompt = await chat(engine, sampling=sampling)
+        events = [
+            e async for e in engine.generate(f"schema-{stream}", prompt, sampling, stream=stream)
+        ]
+        deltas = [e for e in events if isinstance(e, TextDelta)]
+        answer = json.loads(text_of(deltas))
+        assert set(answer) == {"capital"}
+        tokens = [t for d in deltas if d.logprobs for t in d.logprobs["content"]]
+        assert len(tokens) == events[-1].completion_tokens  # type: ignore[union-attr]
+        assert all(t["logprob"] <= 0 for t in tokens)
+        # The last logprob is the end-of-turn token, which is not part of the text.
+        assert "".join(t["token"] for t in tokens).startswith(text_of(deltas))
+
+
+async def test_non_streamed_generation_is_one_delta_per_choice(engine: VLLMEngine) -> None:
+    sampling = SamplingSpec(max_tokens=6, temperature=1.0, n=2, seed=3)
+    events = [
+        e async for e in engine.generate("whole-1", await chat(engine), sampling, stream=False)
+    ]
+    deltas = [e for e in events if isinstance(e, TextDelta)]
+    assert sorted(d.choice_index for d in deltas) == [0, 1]
+    assert all(d.finish_reason in ("stop", "length") for d in deltas)
+    assert isinstance(events[-1], GenerationDone)
+    assert events[-1].completion_tokens > 0
 
 
 async def test_chat_answer_is_sensible(engine: VLLMEngine) -> None:
@@ -149,7 +220,9 @@ async def test_max_tokens_reached_is_length(engine: VLLMEngine) -> None:
 
 
 async def test_raw_completion_prompt(engine: VLLMEngine) -> None:
-    prompt = await engine.prepare(PromptSpec(kind="completion", prompt="The capital of France is"))
+    prompt = await engine.prepare(
+        PromptSpec(kind="completion", prompt="The capital of France is"), greedy(max_tokens=8)
+    )
     assert 0 < prompt.num_tokens < 10
     deltas, done = await collect(engine, prompt, greedy(max_tokens=8), "cmpl-1")
     assert text_of(deltas).strip()
@@ -157,10 +230,10 @@ async def test_raw_completion_prompt(engine: VLLMEngine) -> None:
 
 
 async def test_done_sums_tokens_over_choices(engine: VLLMEngine) -> None:
-    prompt = await chat(engine)
     sampling = SamplingSpec(
         max_tokens=4, temperature=1.0, n=2, seed=1, extra={"ignore_eos": True, "no_such": 1}
     )
+    prompt = await chat(engine, sampling=sampling)
     deltas, done = await collect(engine, prompt, sampling, "sum-1")
     last = {d.choice_index: d.completion_tokens for d in deltas if d.finish_reason}
     assert last == {0: 4, 1: 4}
@@ -179,15 +252,15 @@ async def test_repeated_long_prompt_reports_cached_tokens(engine: VLLMEngine) ->
 
 
 async def test_invalid_sampling_value_is_a_400(engine: VLLMEngine) -> None:
-    stream = engine.generate("bad-1", await chat(engine), greedy(extra={"top_k": -5}))
     with pytest.raises(InvalidRequestError):
+        stream = engine.generate("bad-1", await chat(engine), greedy(extra={"top_k": -5}))
         await anext(stream)
 
 
 async def test_prompt_beyond_the_context_is_a_400(engine: VLLMEngine) -> None:
-    too_long = PreparedPrompt(token_ids=[28] * 2100)
+    too_long = [{"role": "user", "content": "Paris " * 2100}]
     with pytest.raises(InvalidRequestError) as caught:
-        await collect(engine, too_long, greedy(max_tokens=1), "long-1")
+        await collect(engine, await chat(engine, too_long), greedy(max_tokens=1), "long-1")
     assert caught.value.code == "context_length_exceeded"
 
 

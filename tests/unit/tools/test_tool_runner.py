@@ -85,7 +85,7 @@ async def test_a_runner_that_never_answers_is_cancelled_in_bounded_time() -> Non
 
 def test_the_runtime_uses_the_given_sandbox_and_defaults_to_in_process() -> None:
     remote = RemoteSandbox(_Handle(RunnerReply(run=RUN)))
-    assert ToolRuntime.from_options(ToolsOptions(), remote).sandbox is remote
+    assert ToolRuntime.from_options(ToolsOptions(), sandbox=remote).sandbox is remote
     assert isinstance(ToolRuntime.from_options(ToolsOptions()).sandbox, BwrapSandbox)
 
 
