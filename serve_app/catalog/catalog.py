@@ -104,6 +104,7 @@ def model_card(model: CatalogModel) -> ModelCard:
         pricing=None if model.is_external else _published_prices(model),
         routing=residency_routing(model),
         tier=model.tier,
+        notice=model.notice,
         kind=model.kind,
         attribution=model.attribution,
     )

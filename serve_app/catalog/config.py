@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 HeadKind = Literal["chat", "speech", "transcription", "video", "detect", "parse"]
 Modality = Literal["text", "image", "audio", "video", "embedding", "score", "json"]
 ReasoningFormat = Literal["none", "think_tags", "harmony"]
+DEMO_TIER = "demo"
+"""Tier of random-weight stand-ins: they run the real code path, their output means nothing."""
 
 
 def _text_only() -> list[Modality]:
@@ -160,7 +162,8 @@ class CatalogModel(_Strict):
     )
     tier: str | None = Field(
         default=None,
-        description="Service tier; 'demo' marks random-weight stand-ins (output means nothing).",
+        description="Service tier; 'demo' marks random-weight stand-ins whose output means "
+        "nothing.",
     )
     notice: str | None = Field(
         default=None,
@@ -180,6 +183,8 @@ class CatalogModel(_Strict):
             raise ValueError(f"{self.id}: chat models need context_length and max_output_tokens")
         if self.max_images_per_request is not None and "image" not in self.input_modalities:
             raise ValueError(f"{self.id}: max_images_per_request without image input")
+        if self.tier == DEMO_TIER and not self.notice:
+            raise ValueError(f"{self.id}: tier 'demo' needs a notice saying what really runs")
         return self
 
     @property

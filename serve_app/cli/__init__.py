@@ -28,6 +28,7 @@ from serve_app.settings import GatewaySettings
 # ---- Registered command modules: each must define register(subparsers). ----
 COMMAND_MODULES: tuple[str, ...] = (
     "serve_app.cli.accounts",
+    "serve_app.cli.check",
     "serve_app.cli.search",
     "serve_app.cli.serve",
     "serve_app.cli.usage",

@@ -55,6 +55,11 @@ def register(subparsers: _SubParsers) -> None:
         help="logical CPUs Ray may schedule (default: max(4, 2 x cores))",
     )
     run.add_argument("--dashboard-port", type=int, default=8265, help="Ray dashboard port")
+    run.add_argument(
+        "--skip-check",
+        action="store_true",
+        help="start without running `gateway check` on CONFIG first",
+    )
     run.set_defaults(handler=_run)
 
     prep = subparsers.add_parser(
@@ -135,6 +140,8 @@ def _run(args: argparse.Namespace, settings: GatewaySettings) -> int:
     serve_config = load_serve_config(args.config)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if not args.skip_check:
+        _preflight(serve_config, settings, args.config)
     for name in prepared_models(serve_config):
         _step(f"preparing model {name}")
         from deployments.engines.model_prep import ensure_model
@@ -171,6 +178,18 @@ def _run(args: argparse.Namespace, settings: GatewaySettings) -> int:
     finally:
         _stop_ray()
     return 0
+
+
+def _preflight(serve_config: dict[str, Any], settings: GatewaySettings, name: str) -> None:
+    """``gateway check`` before Ray starts: a broken config stops here, in seconds."""
+    from serve_app.cli.check import hub_access_allowed, report, run_checks
+
+    _step(f"checking {name} (backends, engine settings, model sources, services)")
+    problems = run_checks(serve_config, settings, hub_allowed=hub_access_allowed())
+    if report(problems, name) != 0:
+        raise CommandError(
+            f"{len(problems)} problem(s) above; fix them (or start with --skip-check)"
+        )
 
 
 def _step(message: str) -> None:

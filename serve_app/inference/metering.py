@@ -258,7 +258,14 @@ def build_metering(
     )
     # The ledger rebuilds a lost daily quota counter (only when there is a ledger to read).
     daily_usage = LedgerStore(database).tokens_between if config.ledger.enabled else None
-    limiter = RateLimiter(store, platform, fail_open=limits.fail_open, daily_usage=daily_usage)
+    metrics = metrics or GatewayMetrics()
+    limiter = RateLimiter(
+        store,
+        platform,
+        fail_open=limits.fail_open,
+        daily_usage=daily_usage,
+        on_fail_open=metrics.limits_fail_open,
+    )
     ledger = None
     if config.ledger.enabled:
         spool = (

@@ -45,11 +45,12 @@ from serve_app.jobs.service import VideoService
 from serve_app.jobs.store import JobStore
 from serve_app.limits.buckets import CounterStore
 from serve_app.metrics import GatewayMetrics
-from serve_app.settings import GatewaySettings, get_settings
+from serve_app.settings import GatewaySettings, get_settings, require_production_ready
 from serve_app.storage.db import Database
 from serve_app.storage.objects import ObjectStore, build_object_store
 from serve_app.tools.chat import ToolChatService
 from serve_app.tools.runners import ToolRuntime
+from serve_app.tools.sandbox import CodeSandbox, RemoteSandbox
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ def build_state(
     video_heads: dict[str, VideoHeadClient] | None = None,
     objects: ObjectStore | None = None,
     dedicated_backend: ServeBackend | None = None,
+    sandbox: CodeSandbox | None = None,
 ) -> GatewayState:
     """Wire the services of one replica (shared by Ray and in-process tests).
 
@@ -87,7 +89,7 @@ def build_state(
         TimeoutPolicy(**config.timeouts.model_dump()),
         metering,
     )
-    tools = ToolRuntime.from_options(config.tools, settings.state_dir)
+    tools = ToolRuntime.from_options(config.tools, settings.state_dir, sandbox)
     return GatewayState(
         catalog=catalog,
         auth=AuthService(
@@ -144,7 +146,7 @@ class Gateway:
     """Stateless FastAPI ingress; scale it with ``ingress.num_replicas``."""
 
     async def __init__(  # type: ignore[misc]  # Serve awaits async constructors
-        self, args: dict[str, Any], heads: dict[str, Any]
+        self, args: dict[str, Any], heads: dict[str, Any], tool_runner: Any = None
     ) -> None:
         configure_replica_logging()
         config = GatewayAppArgs.model_validate(args)
@@ -160,6 +162,8 @@ class Gateway:
             serve_status_source(app_name, deployments), config.readiness_refresh_s
         )
         settings = get_settings()
+        if config.deployment_mode == "production":  # each replica's own environment counts
+            require_production_ready(settings)
         database = Database.from_settings(settings)
         database.migrate()
         speech, transcription = ray_audio_clients(config.catalog, heads)
@@ -174,6 +178,8 @@ class Gateway:
             document_heads=ray_document_clients(config.catalog, heads),
             video_heads=ray_video_clients(config.catalog, heads),
             dedicated_backend=RayServeBackend() if config.dedicated.enabled else None,
+            # Untrusted code runs in the tool-runner replicas, not in this process.
+            sandbox=RemoteSandbox(tool_runner) if tool_runner is not None else None,
         )
         # On the replica's loop: adopt spool files a dead replica left, start flushing.
         await state.text.metering.start()

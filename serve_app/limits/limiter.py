@@ -105,11 +105,14 @@ class RateLimiter:
         *,
         fail_open: bool = True,
         daily_usage: DailyUsage | None = None,
+        on_fail_open: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self.platform = platform
         self.fail_open = fail_open
         self.daily_usage = daily_usage
+        self.on_fail_open = on_fail_open
+        """Called for each request let through unlimited (a metric, so it is not log-only)."""
 
     async def _admit(
         self, principal: Principal, request_id: str, buckets: list[BucketSpec], cost: int
@@ -140,6 +143,8 @@ class RateLimiter:
         except Exception:
             logger.exception("counter store unavailable during admission")
             if self.fail_open:
+                if self.on_fail_open is not None:
+                    self.on_fail_open()
                 return None
             raise ModelUnavailableError(
                 "Rate limiting is temporarily unavailable; retry shortly.",

@@ -50,6 +50,8 @@ class ModelCard(BaseModel):
     pricing: dict[str, Any] | None = None
     routing: ResidencyRouting | None = None
     tier: str | None = None
+    notice: str | None = None
+    """What a user must know about what runs (``tier: demo``: random-weight stand-in)."""
     kind: str | None = None
     attribution: str | None = None
 

@@ -11,6 +11,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from deployments.sandbox.options import CodeInterpreterOptions
+
+__all__ = ["CodeInterpreterOptions", "ToolsOptions", "WebFetchOptions", "WebSearchOptions"]
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -96,42 +100,6 @@ class WebFetchOptions(_Strict):
         default=False,
         description="Allow loopback/private/link-local targets. Tests only: it disables "
         "the SSRF guard.",
-    )
-
-
-class CodeInterpreterOptions(_Strict):
-    """The bubblewrap sandbox of ``code_interpreter`` (spec 8: code run limits)."""
-
-    python: str = Field(
-        default="/usr/bin/python3", description="Interpreter inside the sandbox (from /usr)."
-    )
-    network: Literal["slirp", "none", "host"] = Field(
-        default="slirp",
-        description="slirp: outbound internet through slirp4netns, host loopback and "
-        "private ranges blocked; none: no network; host: the host's network (loopback "
-        "included; never in production).",
-    )
-    memory_mb: int = Field(default=512, ge=64, description="Address space per process.")
-    run_memory_mb: int = Field(
-        default=1024,
-        ge=64,
-        description="Memory of a whole run (every process, /tmp included), enforced by a "
-        "cgroup where the gateway may create one (root, writable cgroupfs); elsewhere "
-        "only memory_mb per process applies.",
-    )
-    max_processes: int = Field(default=64, ge=4, description="Processes per run.")
-    tmp_mb: int = Field(default=64, ge=1, description="Size of the writable /tmp.")
-    max_output_bytes: int = Field(
-        default=64 * 1024, ge=1024, description="stdout/stderr kept per run (rest dropped)."
-    )
-    price_per_second: float = Field(
-        default=0.0, ge=0, description="Billed per second of sandbox wall time (spec 4.1 rule 6)."
-    )
-    uid_base: int = Field(
-        default=200_000,
-        ge=1000,
-        description="When the gateway runs as root, each run gets a random uid in "
-        "[uid_base, uid_base + 65536) so its process limit is its own.",
     )
 
 

@@ -24,7 +24,7 @@ from serve_app.tools.config import ToolsOptions
 from serve_app.tools.declarations import CODE_SECONDS_PER_REQUEST, ServerToolPlan
 from serve_app.tools.local_search import LocalSearchProvider
 from serve_app.tools.safe_fetch import FetchError, SafeFetcher
-from serve_app.tools.sandbox import BwrapSandbox, CodeRun, SandboxUnavailableError
+from serve_app.tools.sandbox import BwrapSandbox, CodeRun, CodeSandbox, SandboxUnavailableError
 from serve_app.tools.search import SearchError, SearchProvider, build_search_provider
 from serve_app.tools.webpage import page_text
 
@@ -68,11 +68,17 @@ class ToolRuntime:
     options: ToolsOptions
     search: SearchProvider
     fetcher: SafeFetcher
-    sandbox: BwrapSandbox
+    sandbox: CodeSandbox
 
     @classmethod
-    def from_options(cls, options: ToolsOptions, state_dir: Path | None = None) -> ToolRuntime:
-        """``state_dir``: where the ``local`` search provider finds its index by default."""
+    def from_options(
+        cls,
+        options: ToolsOptions,
+        state_dir: Path | None = None,
+        sandbox: CodeSandbox | None = None,
+    ) -> ToolRuntime:
+        """``state_dir``: where the ``local`` search provider finds its index by default;
+        ``sandbox``: the tool-runner deployment's client (None runs code in-process)."""
         fetch = options.web_fetch
         return cls(
             options=options,
@@ -83,7 +89,7 @@ class ToolRuntime:
                 max_redirects=fetch.max_redirects,
                 allow_private_hosts=fetch.allow_private_hosts,
             ),
-            sandbox=BwrapSandbox(options.code_interpreter),
+            sandbox=sandbox or BwrapSandbox(options.code_interpreter),
         )
 
 

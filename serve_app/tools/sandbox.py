@@ -1,317 +1,54 @@
-"""``code_interpreter``: Python in a fresh bubblewrap sandbox per run (spec 8).
+"""The code sandbox as the gateway sees it: the tool-runner deployment, or in-process.
 
-Why bubblewrap: it is a Debian package, needs no daemon, and builds a new
-root from nothing on every call, so a run sees no host file it was not given.
-Each run gets:
-
-- a new empty root: ``/usr`` read-only (``/usr/local`` hidden), a generated
-  ``/etc`` (passwd, hosts, resolv.conf, CA certificates only), a size-capped
-  ``/tmp``, a private ``/proc`` and a minimal ``/dev`` (no GPU devices);
-- new user, pid, ipc, uts, cgroup and network namespaces, no capabilities,
-  no nested user namespaces, a cleared environment (no gateway secrets; bwrap
-  itself, which stays visible as the sandbox's pid 1, is started without them);
-- resource limits set by a launcher before the program starts (address space,
-  processes, file size, CPU seconds, open files); when the gateway runs as
-  root, a random unprivileged uid so the process limit is the run's alone;
-- a memory cgroup for the whole run where one can be made (``sandbox_cgroup``);
-- the network the ``network`` option names (see ``sandbox_net``).
-
-A run ends at its wall-clock limit: the sandbox's pid 1 is killed, which takes
-every process of the run with it. What was printed until then is returned; a
-killed run is a completed run (spec 2.10).
+The sandbox itself (bubblewrap, its network and cgroup) lives in ``deployments.sandbox``
+and runs in tool-runner replicas (``deployments.tool_runner``); the ingress reaches it
+through ``RemoteSandbox``. ``BwrapSandbox`` in-process remains for unit tests and for a
+config with ``tool_runner.enabled: false``. Either way a failure to run is a
+``SandboxUnavailableError``, which the tool loop turns into a failed call (spec 2.10).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import random
-import shutil
-import tempfile
-import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from serve_app.tools.config import CodeInterpreterOptions
-from serve_app.tools.sandbox_cgroup import RunCgroup, RunCgroups
-from serve_app.tools.sandbox_net import SETUP_TIMEOUT_S, SandboxNetwork, StartupSync
+from deployments.sandbox.bwrap import BwrapSandbox, CodeRun, SandboxUnavailableError
+from deployments.sandbox.network import SETUP_TIMEOUT_S
+
+__all__ = ["BwrapSandbox", "CodeRun", "CodeSandbox", "RemoteSandbox", "SandboxUnavailableError"]
 
 logger = logging.getLogger(__name__)
 
-_LAUNCHER = """\
-import resource, runpy, sys
-def cap(kind, value):
-    resource.setrlimit(kind, (value, value))
-cap(resource.RLIMIT_AS, {memory})
-cap(resource.RLIMIT_NPROC, {nproc})
-cap(resource.RLIMIT_FSIZE, {fsize})
-cap(resource.RLIMIT_CPU, {cpu})
-cap(resource.RLIMIT_NOFILE, 256)
-cap(resource.RLIMIT_CORE, 0)
-sys.argv = ["main.py"]
-sys.path.insert(0, "/job")
-runpy.run_path("/job/main.py", run_name="__main__")
-"""
+HANDLE_MARGIN_S = SETUP_TIMEOUT_S + 15.0
+"""Beyond a run's own limit: sandbox set-up, queueing at a busy replica, the round trip."""
 
 
-@dataclass
-class CodeRun:
-    """What one run produced; ``timed_out`` runs are still completed runs."""
-
-    stdout: str
-    stderr: str
-    exit_code: int | None
-    timed_out: bool
-    seconds: float
-    memory_killed: bool = False
-
-    def text_for_model(self) -> str:
-        status = f"exit_code: {self.exit_code}"
-        if self.timed_out:
-            status += " (killed: time limit)"
-        elif self.memory_killed:
-            status += " (a process was killed: memory limit)"
-        parts = [status]
-        if self.stdout:
-            parts.append("stdout:\n" + self.stdout)
-        if self.stderr:
-            parts.append("stderr:\n" + self.stderr)
-        return "\n".join(parts)
+class CodeSandbox(Protocol):
+    async def run(self, code: str, timeout_s: float) -> CodeRun: ...
 
 
-class SandboxUnavailableError(RuntimeError):
-    """No isolation mechanism on this machine: code is never run unsandboxed."""
+class RemoteSandbox:
+    """Runs code on the tool-runner deployment through its Serve handle."""
 
-
-class _CappedReader:
-    """Drains a pipe, keeping the first ``limit`` bytes (the writer never blocks)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.data = bytearray()
-        self.dropped = 0
-
-    async def drain(self, stream: asyncio.StreamReader | None) -> None:
-        if stream is None:
-            return
-        while chunk := await stream.read(65536):
-            room = self.limit - len(self.data)
-            self.data.extend(chunk[: max(room, 0)])
-            self.dropped += max(len(chunk) - max(room, 0), 0)
-
-    def freeze(self) -> None:
-        """Keep what was read so far; anything later is only counted as dropped."""
-        self.limit = len(self.data)
-
-    def text(self) -> str:
-        text = self.data.decode("utf-8", errors="replace")
-        return text + (f"\n[{self.dropped} more bytes dropped]" if self.dropped else "")
-
-
-class BwrapSandbox:
-    """Runs Python programs under bubblewrap; one instance per gateway replica."""
-
-    def __init__(
-        self,
-        options: CodeInterpreterOptions,
-        bwrap: str | None = None,
-        cgroups: RunCgroups | None = None,
-    ) -> None:
-        self.options = options
-        self.bwrap = bwrap or shutil.which("bwrap")
-        self.network = SandboxNetwork.for_mode(options.network)
-        self.cgroups = cgroups or RunCgroups()
-
-    def available(self) -> bool:
-        return self.bwrap is not None and Path(self.options.python).exists()
+    def __init__(self, handle: Any, margin_s: float = HANDLE_MARGIN_S) -> None:
+        self.handle = handle
+        self.margin_s = margin_s
 
     async def run(self, code: str, timeout_s: float) -> CodeRun:
-        """Run ``code`` with a wall clock of ``timeout_s``; raise only when no sandbox exists."""
-        if not self.available():
-            raise SandboxUnavailableError("bubblewrap (bwrap) is not installed on this host")
-        job = Path(tempfile.mkdtemp(prefix="gw-sandbox-"))
+        response = self.handle.run.remote(code, timeout_s)
         try:
-            uid = self._run_uid()
-            self._write_job(job, code, timeout_s, uid)
-            return await self._execute(job, timeout_s, uid)
-        finally:
-            shutil.rmtree(job, ignore_errors=True)
-
-    def _run_uid(self) -> int:
-        if os.geteuid() == 0:
-            return self.options.uid_base + random.randrange(65536)
-        return os.getuid()
-
-    def _nproc_limit(self, uid: int) -> int:
-        """RLIMIT_NPROC counts every process of the uid: add what the uid already runs."""
-        if uid != os.getuid() or os.geteuid() == 0:
-            return self.options.max_processes
-        running = sum(1 for p in Path("/proc").iterdir() if p.name.isdigit() and _owned(p, uid))
-        return running + self.options.max_processes
-
-    def _write_job(self, job: Path, code: str, timeout_s: float, uid: int) -> None:
-        opts = self.options
-        (job / "job").mkdir()
-        (job / "job" / "main.py").write_text(code)
-        (job / "job" / "launch.py").write_text(
-            _LAUNCHER.format(
-                memory=opts.memory_mb * 1024 * 1024,
-                nproc=self._nproc_limit(uid),
-                fsize=opts.tmp_mb * 1024 * 1024,
-                cpu=int(timeout_s) + 2,
-            )
-        )
-        etc = job / "etc"
-        etc.mkdir()
-        (etc / "passwd").write_text(f"sandbox:x:{uid}:{uid}:sandbox:/tmp:/bin/sh\n")
-        (etc / "group").write_text(f"sandbox:x:{uid}:\n")
-        (etc / "hosts").write_text("127.0.0.1 localhost\n::1 localhost\n")
-        (etc / "nsswitch.conf").write_text("passwd: files\ngroup: files\nhosts: files dns\n")
-        (etc / "resolv.conf").write_text(self.network.resolv_conf())
-        (etc / "ssl" / "certs").mkdir(parents=True)  # mount point for the CA bundle
-        for path in job.rglob("*"):
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        job.chmod(0o755)
-
-    def _argv(self, job: Path, extra: list[str]) -> list[str]:
-        assert self.bwrap is not None
-        opts = self.options
-        argv = [self.bwrap, "--unshare-all", "--unshare-user", *self.network.bwrap_args()]
-        argv += ["--die-with-parent", "--new-session", "--disable-userns", "--cap-drop", "ALL"]
-        argv += ["--hostname", "sandbox", "--ro-bind", "/usr", "/usr", "--tmpfs", "/usr/local"]
-        argv += _root_links()
-        argv += ["--proc", "/proc", "--dev", "/dev"]
-        argv += ["--size", str(opts.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
-        argv += ["--ro-bind", str(job / "etc"), "/etc", "--ro-bind", str(job / "job"), "/job"]
-        if Path("/etc/ssl/certs").is_dir():
-            argv += ["--ro-bind", "/etc/ssl/certs", "/etc/ssl/certs"]
-        argv += ["--chdir", "/tmp", "--clearenv"]
-        for key, value in _SANDBOX_ENV.items():
-            argv += ["--setenv", key, value]
-        argv += [*extra, "--", opts.python, "-u", "-I", "/job/launch.py"]
-        return argv
-
-    async def _execute(self, job: Path, timeout_s: float, uid: int) -> CodeRun:
-        cgroup = self.cgroups.create(self.options.run_memory_mb * 1024 * 1024)
-        sync = StartupSync()
-        ids: dict[str, object] = {}
-        if os.geteuid() == 0:
-            ids = {"user": uid, "group": uid, "extra_groups": []}
-        try:
-            process = await asyncio.create_subprocess_exec(
-                *self._argv(job, sync.bwrap_args()),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                pass_fds=sync.child_fds(),
-                # bwrap's own process stays inside the sandbox as its pid 1 and its
-                # /proc/1/environ is readable from there: it must not inherit the
-                # gateway's environment (``--clearenv`` only clears the program's).
-                env=_BWRAP_ENV,
-                **ids,  # type: ignore[arg-type]
-            )
-        except BaseException:
-            sync.close()
-            if cgroup is not None:
-                await cgroup.remove()
-            raise
-        sync.close_child_ends()
-        out, err = _CappedReader(self.options.max_output_bytes), _CappedReader(8192)
-        # The pipes are read until EOF even after a kill: a reader that stopped
-        # would leave the pipe paused, and the exit of the process unobserved.
-        reading = asyncio.gather(out.drain(process.stdout), err.drain(process.stderr))
-        timed_out, seconds = False, 0.0
-        try:
-            async with asyncio.timeout(SETUP_TIMEOUT_S):
-                sandbox_pid = await sync.sandbox_pid()
-            if cgroup is not None and not _joined(cgroup, (process.pid, sandbox_pid)):
-                await cgroup.remove()
-                cgroup = None
-            async with self.network.attached(sandbox_pid):
-                sync.release()
-                started = time.monotonic()
-                try:
-                    async with asyncio.timeout(timeout_s):
-                        await asyncio.shield(reading)
-                        await process.wait()
-                except TimeoutError:
-                    timed_out = True
-                # Billed time: the program's wall clock, never more than its limit.
-                seconds = min(time.monotonic() - started, timeout_s)
-        finally:
-            out.freeze()
-            err.freeze()
-            await _kill(process, reading)
-            sync.close()  # after the kill: EOF on --block-fd would let bwrap start the program
-            memory_killed = cgroup is not None and cgroup.oom_kills() > 0
-            if cgroup is not None:
-                await cgroup.remove()
-        return CodeRun(
-            stdout=out.text(),
-            stderr=err.text(),
-            exit_code=None if timed_out else process.returncode,
-            timed_out=timed_out,
-            seconds=seconds,
-            memory_killed=memory_killed,
-        )
-
-
-_SANDBOX_ENV = {
-    "PATH": "/usr/bin:/bin",
-    "HOME": "/tmp",
-    "LANG": "C.UTF-8",
-    "PYTHONDONTWRITEBYTECODE": "1",
-    "MPLBACKEND": "Agg",
-    "CUDA_VISIBLE_DEVICES": "",
-}
-
-
-_BWRAP_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-
-
-def _root_links() -> list[str]:
-    """/bin, /lib... as on the host: symlinks into /usr (merged /usr) or read-only binds."""
-    args: list[str] = []
-    for name in ("bin", "sbin", "lib", "lib32", "lib64"):
-        host = Path("/") / name
-        if host.is_symlink():
-            args += ["--symlink", os.readlink(host), f"/{name}"]
-        elif host.is_dir():
-            args += ["--ro-bind", str(host), f"/{name}"]
-    return args
-
-
-def _joined(cgroup: RunCgroup, pids: tuple[int, ...]) -> bool:
-    """Move the run's processes in before the program exists: all it starts is inside."""
-    try:
-        for pid in pids:
-            cgroup.add(pid)
-    except OSError as err:
-        logger.warning("could not move a sandbox into its memory cgroup (%s)", err)
-        return False
-    return True
-
-
-def _owned(proc: Path, uid: int) -> bool:
-    with contextlib.suppress(OSError):
-        return proc.stat().st_uid == uid
-    return False
-
-
-async def _kill(process: asyncio.subprocess.Process, reading: asyncio.Future[Any]) -> None:
-    """SIGKILL bwrap: ``--die-with-parent`` then ends the sandbox's pid 1 and all it ran.
-
-    The pipes then reach EOF (no process of the run holds them any more), the
-    readers finish, and only then does asyncio report the exit.
-    """
-    if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(asyncio.shield(reading), timeout=5)
-    reading.cancel()
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(process.wait(), timeout=5)
+            async with asyncio.timeout(timeout_s + self.margin_s):
+                reply = await response
+        except TimeoutError:
+            response.cancel()
+            raise SandboxUnavailableError("the code sandbox did not answer in time") from None
+        except Exception as err:  # no replica, a replica that died mid-run
+            logger.warning("tool runner call failed", exc_info=True)
+            raise SandboxUnavailableError(
+                f"the code sandbox is unavailable ({type(err).__name__})"
+            ) from err
+        if reply.run is None:
+            raise SandboxUnavailableError(reply.unavailable or "the code sandbox is unavailable")
+        run: CodeRun = reply.run
+        return run

@@ -127,13 +127,26 @@ def test_runtime_env_vars_are_strings(path: Path) -> None:
         assert all(isinstance(v, str) for v in env_vars.values()), env_vars
 
 
+# What cluster.yaml's env file provides; production-mode builds refuse to bind without it.
+PRODUCTION_ENV = {
+    "GATEWAY_DATABASE_URL": "postgresql+psycopg://gateway:pw@db.internal:5432/gateway",
+    "GATEWAY_REDIS_URL": "redis://redis.internal:6379/0",
+    "GATEWAY_OBJECT_STORE": "s3",
+    "GATEWAY_S3_BUCKET": "gateway-videos",
+}
+
+
 @pytest.mark.parametrize("path", SERVE_CONFIGS, ids=_rel)
-def test_builder_binds_a_serve_application_without_ray(path: Path) -> None:
+def test_builder_binds_a_serve_application_without_ray(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import ray
     from ray.serve import Application
 
     from serve_app.builders import build_gateway_app
 
+    for name, value in PRODUCTION_ENV.items():
+        monkeypatch.setenv(name, value)
     for app_config in _gateway_apps(path):
         app = build_gateway_app(app_config["args"])
         assert isinstance(app, Application)
@@ -188,6 +201,22 @@ def test_every_non_chat_head_has_its_unit_price(path: Path) -> None:
         field = PRICE_FIELD_FOR_HEAD.get(model.head)
         if field is not None:
             assert getattr(model.pricing, field) is not None, f"{model.id}: no {field}"
+
+
+@pytest.mark.parametrize("path", CATALOG_FILES, ids=_rel)
+def test_cards_say_what_really_runs(path: Path) -> None:
+    # Random weights (tiny:<kind> models) are published as demo with a notice, and a
+    # substitute backend is never credited to the model it stands in for.
+    for model in map(CatalogModel.model_validate, _catalog_entries(path)):
+        source = str(model.engine.config.get("model", ""))
+        if source.startswith("tiny:"):
+            assert model.tier == "demo", f"{model.id} runs random weights ({source})"
+            assert model.notice, model.id
+        if model.engine.backend == "rapid-table":
+            assert "SLANet-plus" in (model.publisher or ""), model.id
+            assert "IBM" not in (model.publisher or ""), model.id
+        if model.engine.backend == "rapid-layout":
+            assert "RapidLayout" in (model.publisher or ""), model.id
 
 
 def test_production_catalog_covers_every_head_and_an_external_model() -> None:
@@ -256,9 +285,43 @@ def test_every_custom_resource_requested_is_offered_by_a_node_type() -> None:
         for name in node_type["resources"]
     }
     config = GatewayAppArgs.model_validate(_gateway_apps(CONFIGS / "production.yaml")[0]["args"])
-    wanted = {"ingress": _custom_resources(config.ingress.ray_actor_options)}
+    wanted = {
+        "ingress": _custom_resources(config.ingress.ray_actor_options),
+        "tool-runner": _custom_resources(config.tool_runner.ray_actor_options),
+    }
     for model in config.catalog:
         if not model.is_external:
             wanted[model.id] = _custom_resources(model.deployment.ray_actor_options)
     missing = {who: sorted(names - offered) for who, names in wanted.items() if names - offered}
     assert not missing, f"no node type in cluster.yaml offers {missing}: replicas would hang"
+
+
+@pytest.mark.parametrize("path", SERVE_CONFIGS, ids=_rel)
+def test_the_code_sandbox_is_its_own_deployment(path: Path) -> None:
+
+    for app_config in _gateway_apps(path):
+        config = GatewayAppArgs.model_validate(app_config["args"])
+        assert config.tool_runner.enabled, f"{_rel(path)} runs untrusted code in the ingress"
+        options = config.tool_runner.ray_actor_options
+        RayActorOptionsSchema.model_validate(options)
+        if path.name == "local.yaml":  # one 2-core machine: a whole CPU would leave it pending
+            assert 0 < options["num_cpus"] < 1
+
+
+def test_tool_runners_land_on_cpu_nodes_that_install_the_sandbox() -> None:
+    cluster = _load(CLUSTER_YAML)
+    config = GatewayAppArgs.model_validate(_gateway_apps(CONFIGS / "production.yaml")[0]["args"])
+    wanted = _custom_resources(config.tool_runner.ray_actor_options)
+    assert wanted, "production tool runners must ask for a node type of their own"
+    hosts = {
+        name: node
+        for name, node in cluster["available_node_types"].items()
+        if wanted & set(node["resources"])
+    }
+    assert hosts, wanted
+    for name, node in hosts.items():
+        assert node["resources"].get("GPU", 0) == 0, f"{name}: code would run next to a model"
+        assert name != cluster["head_node_type"], "untrusted code on the head node"
+        assert "--device /dev/net/tun" in node["docker"]["worker_run_options"], name
+    setup = " ".join(cluster["setup_commands"])
+    assert "bubblewrap" in setup and "slirp4netns" in setup

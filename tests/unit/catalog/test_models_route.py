@@ -68,6 +68,23 @@ def test_supported_parameters_only_what_is_honoured() -> None:
     assert model_card(base).supported_parameters == supported_parameters(base)
 
 
+def test_demo_models_publish_their_tier_and_notice() -> None:
+    demo = CatalogModel(
+        id="tiny-ocr",
+        head="parse",
+        tier="demo",
+        notice="Random-weight stand-in: its text is random.",
+    )
+    card = model_card(demo).model_dump(exclude_none=True)
+    assert card["tier"] == "demo"
+    assert card["notice"] == "Random-weight stand-in: its text is random."
+    assert "notice" not in model_card(CatalogModel(id="m", head="parse")).model_dump(
+        exclude_none=True
+    )
+    with pytest.raises(ValidationError, match="needs a notice"):
+        CatalogModel(id="tiny-ocr", head="parse", tier="demo")
+
+
 def test_catalog_entries_are_strict() -> None:
     with pytest.raises(ValidationError):
         CatalogModel.model_validate({"id": "m", "head": "chat", "colour": "red"})

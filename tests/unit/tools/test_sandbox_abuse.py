@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from deployments.sandbox.cgroup import RunCgroups
 from serve_app.tools.config import CodeInterpreterOptions
 from serve_app.tools.sandbox import BwrapSandbox
-from serve_app.tools.sandbox_cgroup import RunCgroups
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing")
 

@@ -1,0 +1,50 @@
+"""Settings of the code_interpreter sandbox (``tools.code_interpreter`` of the Serve args).
+
+They live next to the sandbox, not in the gateway's config package, because the tool-runner
+deployment validates them in its own replica and ``deployments/`` imports no ``serve_app``;
+``serve_app.tools.config`` re-exports the class for the gateway's ``ToolsOptions``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class CodeInterpreterOptions(BaseModel):
+    """The bubblewrap sandbox of ``code_interpreter`` (spec 8: code run limits)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    python: str = Field(
+        default="/usr/bin/python3", description="Interpreter inside the sandbox (from /usr)."
+    )
+    network: Literal["slirp", "none", "host"] = Field(
+        default="slirp",
+        description="slirp: outbound internet through slirp4netns, host loopback and "
+        "private ranges blocked; none: no network; host: the host's network (loopback "
+        "included; never in production).",
+    )
+    memory_mb: int = Field(default=512, ge=64, description="Address space per process.")
+    run_memory_mb: int = Field(
+        default=1024,
+        ge=64,
+        description="Memory of a whole run (every process, /tmp included), enforced by a "
+        "cgroup where the gateway may create one (root, writable cgroupfs); elsewhere "
+        "only memory_mb per process applies.",
+    )
+    max_processes: int = Field(default=64, ge=4, description="Processes per run.")
+    tmp_mb: int = Field(default=64, ge=1, description="Size of the writable /tmp.")
+    max_output_bytes: int = Field(
+        default=64 * 1024, ge=1024, description="stdout/stderr kept per run (rest dropped)."
+    )
+    price_per_second: float = Field(
+        default=0.0, ge=0, description="Billed per second of sandbox wall time (spec 4.1 rule 6)."
+    )
+    uid_base: int = Field(
+        default=200_000,
+        ge=1000,
+        description="When the gateway runs as root, each run gets a random uid in "
+        "[uid_base, uid_base + 65536) so its process limit is its own.",
+    )

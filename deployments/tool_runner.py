@@ -1,0 +1,65 @@
+"""The code_interpreter sandbox as its own Ray Serve deployment (the tool runner).
+
+Untrusted code does not run inside the gateway ingress: that replica holds the database
+URL, Redis, every provider key, and sits on the head node. Tool-runner replicas run the
+bubblewrap sandbox on nodes that have bubblewrap and slirp4netns installed (cluster.yaml's
+cpu-tools nodes offer the ``tool_runner_host`` resource the production config asks for),
+each with the CPUs its ``ray_actor_options`` reserve, and scale apart from the ingress. The
+gateway calls ``run`` through a handle (``serve_app.tools.sandbox.RemoteSandbox``).
+
+A missing bubblewrap is an answer, not an exception: ``RunnerReply.unavailable`` carries the
+reason, so the request's tool call fails cleanly (spec 2.10) instead of surfacing a Ray error.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from ray import serve
+
+from deployments.replica_logging import configure_replica_logging
+from deployments.sandbox.bwrap import BwrapSandbox, CodeRun, SandboxUnavailableError
+from deployments.sandbox.options import CodeInterpreterOptions
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunnerReply:
+    """One run's result, or why no sandbox could run it."""
+
+    run: CodeRun | None = None
+    unavailable: str | None = None
+
+
+class ToolRunnerCore:
+    """The replica's work without Serve, so it is testable in-process."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.sandbox = BwrapSandbox(CodeInterpreterOptions.model_validate(options))
+        if not self.sandbox.available():
+            logger.warning(
+                "bubblewrap or %s missing on this node: code_interpreter runs will fail "
+                "(install bubblewrap and slirp4netns)",
+                self.sandbox.options.python,
+            )
+
+    async def run(self, code: str, timeout_s: float) -> RunnerReply:
+        try:
+            return RunnerReply(run=await self.sandbox.run(code, timeout_s))
+        except SandboxUnavailableError as err:
+            return RunnerReply(unavailable=str(err))
+
+    def available(self) -> bool:
+        return self.sandbox.available()
+
+
+@serve.deployment(name="ToolRunner")
+class ToolRunner(ToolRunnerCore):
+    """Tool-runner replicas; sized by ``tool_runner`` in the gateway's Serve args."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        configure_replica_logging()
+        super().__init__(options)
