@@ -75,6 +75,11 @@ def main() -> int:
         default={},
         help="JSON merged into the application args, e.g. '{\"readiness_refresh_s\": 10}'",
     )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="serve this config as it is instead (e.g. configs/local.yaml: every head)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--start-timeout-s", type=float, default=900.0)
     args = parser.parse_args()
@@ -86,7 +91,7 @@ def main() -> int:
     os.environ.update(dict(item.split("=", 1) for item in args.env))
     port = free_port()
     proc, key = start_gateway(
-        gateway_config(work / "gateway.yaml", args.app_args),
+        args.config.resolve() if args.config else gateway_config(work / "g.yaml", args.app_args),
         port,
         work,
         model_path.parent,

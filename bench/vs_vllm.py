@@ -199,6 +199,7 @@ class Stack:
     client: httpx.AsyncClient
     procs: list[proc_cpu.Proc]
     cpu: dict[str, dict[str, float]] = field(default_factory=dict)
+    cpu_by_process: dict[str, dict[str, float]] = field(default_factory=dict)
     tokens: dict[str, int] = field(default_factory=dict)
     short_answers: int = 0
 
@@ -206,10 +207,13 @@ class Stack:
         """Charge the CPU time of this stack's processes while ``work`` runs to ``phase``."""
         before = proc_cpu.snapshot(self.procs)
         produced = await work
-        spent = proc_cpu.by_role(self.procs, before, proc_cpu.snapshot(self.procs))
+        after = proc_cpu.snapshot(self.procs)
         totals = self.cpu.setdefault(phase, {})
-        for role, seconds in spent.items():
+        for role, seconds in proc_cpu.by_role(self.procs, before, after).items():
             totals[role] = totals.get(role, 0.0) + seconds
+        per_process = self.cpu_by_process.setdefault(phase, {})
+        for _, name, seconds in proc_cpu.by_process(self.procs, before, after):
+            per_process[name] = per_process.get(name, 0.0) + seconds
         self.tokens[phase] = self.tokens.get(phase, 0) + produced
 
     def request(self, stream: bool, tokens: int) -> Call:
@@ -239,6 +243,12 @@ class Stack:
             return out[0]
 
         return charged
+
+    def per_1k_tokens_by_process(self, phase: str) -> dict[str, float]:
+        """The same per process (processes of one role apart, largest first)."""
+        tokens = self.tokens.get(phase, 0)
+        spent = sorted(self.cpu_by_process.get(phase, {}).items(), key=lambda kv: -kv[1])
+        return {name: round(s / tokens * 1000, 3) for name, s in spent if s} if tokens else {}
 
     def per_1k_tokens(self, phase: str) -> dict[str, float]:
         tokens = self.tokens.get(phase, 0)
@@ -405,10 +415,14 @@ def summarize(
         phase: {s.name: {r: round(v, 3) for r, v in s.per_1k_tokens(phase).items()} for s in stacks}
         for phase in phases
     }
+    cpu_by_process = {
+        phase: {s.name: s.per_1k_tokens_by_process(phase) for s in stacks} for phase in phases
+    }
     return {
         "latency": latency,
         "tokens_per_s": tps,
         "cpu_s_per_1k_tokens": cpu,
+        "cpu_s_per_1k_tokens_by_process": cpu_by_process,
         "idle_cpu": idle_cpu,
         "short_answers": {s.name: s.short_answers for s in stacks},
     }
