@@ -6,6 +6,7 @@ decide whether its figures compare like with like.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -128,7 +129,23 @@ def test_gateway_run_starts_its_own_ray_and_can_leave_the_dashboard_out(
 
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
+    # setenv first: it records the variable's original state, so teardown also removes the
+    # value _start_ray sets (a delenv of an absent variable alone would restore nothing).
+    monkeypatch.setenv("RAY_SERVE_METRICS_EXPORT_INTERVAL_MS", "")
+    monkeypatch.delenv("RAY_SERVE_METRICS_EXPORT_INTERVAL_MS")
     for argv in (["run"], ["run", "--no-dashboard"]):
         serve_cli._start_ray(build_parser().parse_args(argv))
     assert [c["address"] for c in calls] == ["local", "local"]  # never a stranger's cluster
     assert [c["include_dashboard"] for c in calls] == [True, False]
+    assert os.environ["RAY_SERVE_METRICS_EXPORT_INTERVAL_MS"] == "1000"
+
+
+def test_ray_settings_the_operator_gave_win_over_gateway_runs_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ray
+
+    monkeypatch.setattr(ray, "init", lambda **kwargs: None)
+    monkeypatch.setenv("RAY_SERVE_METRICS_EXPORT_INTERVAL_MS", "100")
+    serve_cli._start_ray(build_parser().parse_args(["run"]))
+    assert os.environ["RAY_SERVE_METRICS_EXPORT_INTERVAL_MS"] == "100"
