@@ -69,6 +69,7 @@ ENGINE: dict[str, object] = {
 BASE_CONFIG = "configs/local.yaml"
 PERCENTILES = (0.5, 0.9, 0.99)
 IDLE_SETTLE_S = 5.0
+SHORT_KIND = {"non-streamed": "json", "streamed": "stream", "ttft": "TTFT"}
 READY_LINE = b"==> gateway ready on"
 Call = Callable[[], Awaitable[tuple[float, float, int]]]
 
@@ -484,7 +485,7 @@ def plot(result: dict[str, Any], target: Path) -> bool:
     labels, bare, gateway = [], [], []
     for kind, row in result["latency"].items():
         for p in row["bare_ms"]:
-            labels.append(f"{kind}\n{p}")
+            labels.append(f"{SHORT_KIND[kind]}\n{p}")
             bare.append(row["bare_ms"][p])
             gateway.append(row["gateway_ms"][p])
     xs = range(len(labels))
@@ -502,6 +503,8 @@ def plot(result: dict[str, Any], target: Path) -> bool:
         err.append([max(r) - m for m, r in zip(mean, rounds, strict=True)])
         label = "vLLM server" if name == "bare" else "gateway"
         ax_tps.errorbar([int(c) for c in conc], mean, yerr=err, marker="o", capsize=4, label=label)
+    ax_tps.set_xticks([int(c) for c in conc])
+    ax_tps.set_ylim(bottom=0)
     ax_tps.set_xlabel("concurrent streams")
     ax_tps.set_ylabel("completion tokens/s (min-mean-max of rounds)")
     ax_tps.set_title("throughput")
@@ -569,7 +572,8 @@ def _interrupt(signum: int, _frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a background job inherits it ignored
+        signal.signal(sig, _interrupt)
     signal.signal(signal.SIGALRM, _interrupt)
     signal.alarm(args.timeout_s)
     from deployments.engines.model_prep import ensure_model
