@@ -36,6 +36,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -548,6 +549,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="extra `gateway run` options, e.g. '--no-dashboard' (quoted, shell-split)",
     )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument(
+        "--keep-logs", action="store_true", help="keep the servers' logs and state after success"
+    )
     parser.add_argument("--start-timeout-s", type=float, default=900.0)
     parser.add_argument("--request-timeout-s", type=float, default=300.0)
     parser.add_argument(
@@ -639,6 +643,8 @@ def main(argv: list[str] | None = None) -> int:
         **result,
     }
     report(result)
+    if not args.keep_logs:  # on failure the folder stays: its logs say why
+        shutil.rmtree(work, ignore_errors=True)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"vs_vllm-{started}{'-quick' if args.quick else ''}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
