@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed-cpu
 GATEWAY_PORT ?= 8000
 CONFIG ?= configs/local.yaml
 
-.PHONY: install run test lint typecheck pytest unit serve-tests bench bench-compare key clean
+.PHONY: install run test lint typecheck pytest unit serve-tests bench bench-compare bench-vllm key \
+	clean
 
 install: $(STAMP)
 
@@ -74,6 +75,11 @@ $(LITELLM_VENV)/bin/litellm:
 
 bench-compare: install $(LITELLM_VENV)/bin/litellm
 	$(BIN)/python bench/proxy_compare.py --litellm-bin $(LITELLM_VENV)/bin/litellm
+
+# The headline figure: the gateway against vLLM's own server, interleaved in one run
+# (bench/RESULTS.md). BENCH_ARGS=--quick for a smoke test; GATEWAY_MODELS_DIR is honoured.
+bench-vllm: install
+	$(BIN)/python bench/vs_vllm.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

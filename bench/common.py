@@ -6,7 +6,7 @@ import asyncio
 import socket
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import httpx
@@ -46,15 +46,24 @@ HEADER = f"{'path':<26}{'p50 ms':>9}{'p99 ms':>9}{'ttft ms':>8}{'mean ms':>9}"
 
 
 async def chat_once(
-    client: httpx.AsyncClient, model: str, max_tokens: int, stream: bool
+    client: httpx.AsyncClient,
+    model: str,
+    max_tokens: int,
+    stream: bool,
+    extra: Mapping[str, object] | None = None,
 ) -> tuple[float, float, int]:
-    """One chat call: (latency, time to first content, completion tokens)."""
-    body = {
+    """One chat call: (latency, time to first content, completion tokens).
+
+    ``extra`` adds fields to the body (vLLM's ``ignore_eos``/``min_tokens`` to force
+    the answer's length, so every server generates the same number of tokens).
+    """
+    body: dict[str, object] = {
         "model": model,
         "messages": [{"role": "user", "content": PROMPT}],
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": stream,
+        **(extra or {}),
     }
     start = time.perf_counter()
     if not stream:

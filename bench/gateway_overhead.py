@@ -41,10 +41,11 @@ from bench.common import (
     interleaved,
     pct,
 )
+from bench.servers import SMOLLM2, mint_key
 from deployments.engines.base import GenerationDone, PromptSpec, SamplingSpec, TextDelta
 from deployments.head_protocol import HeadRequest
 
-MODEL = "smollm2-135m-instruct"
+MODEL = SMOLLM2
 
 
 def _catalog(stream_batch_ms: float) -> list[dict[str, Any]]:
@@ -161,18 +162,14 @@ def main() -> None:
     from ray import serve
 
     from deployments.engines.model_prep import ensure_model
-    from serve_app.auth.accounts import AccountStore
     from serve_app.builders import build_gateway_app
-    from serve_app.storage.db import Database
 
     ensure_model(MODEL)
     state = tempfile.mkdtemp(prefix="gw-bench-")
     db_url = f"sqlite:///{state}/gateway.db"
     os.environ["GATEWAY_DATABASE_URL"] = db_url
     os.environ["GATEWAY_AUTH_CACHE_SECONDS"] = "5"
-    database = Database(db_url)
-    database.migrate()
-    key = AccountStore(database).create_key("bench", "bench")
+    key = mint_key(db_url)
     port = free_port()
 
     t0 = time.perf_counter()

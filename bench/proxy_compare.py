@@ -31,38 +31,12 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import HEADER, Series, chat_once, concurrent, free_port, sequential, wait_http
+from bench.servers import SMOLLM2, mint_key, start_vllm, stop_tree
 
-MODEL = "smollm2-135m-instruct"
+MODEL = SMOLLM2
 LITELLM_KEY = "sk-bench-litellm-master-key"  # LiteLLM refuses to start without one
 ENGINE = {"max_model_len": 1024, "max_num_seqs": 32, "kv_cache_memory_bytes": 256 * 1024**2}
-
-
-def start_vllm(model_path: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model_path),
-        "--served-model-name",
-        MODEL,
-        "--dtype",
-        "float32",
-        "--enforce-eager",
-        "--max-model-len",
-        str(ENGINE["max_model_len"]),
-        "--max-num-seqs",
-        str(ENGINE["max_num_seqs"]),
-        "--kv-cache-memory-bytes",
-        str(ENGINE["kv_cache_memory_bytes"]),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--disable-log-stats",
-    ]
-    env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
-    return subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+BARE_ENGINE = {"dtype": "float32", "enforce_eager": True, **ENGINE}
 
 
 def start_litellm(binary: str, upstream_port: int, port: int, log: Path) -> subprocess.Popen[bytes]:
@@ -88,16 +62,12 @@ def start_gateway(port: int, state: str) -> str:
     from ray import serve
 
     from deployments.engines.model_prep import ensure_model
-    from serve_app.auth.accounts import AccountStore
     from serve_app.builders import build_gateway_app
-    from serve_app.storage.db import Database
 
     os.environ["GATEWAY_DATABASE_URL"] = f"sqlite:///{state}/gateway.db"
     os.environ["GATEWAY_MODELS_DIR"] = str(ensure_model(MODEL).parent)  # reuse the cache
     os.environ["GATEWAY_STATE_DIR"] = state
-    database = Database(os.environ["GATEWAY_DATABASE_URL"])
-    database.migrate()
-    key = AccountStore(database).create_key("bench", "bench")
+    key = mint_key(os.environ["GATEWAY_DATABASE_URL"])
     catalog = [
         {
             "id": MODEL,
@@ -185,7 +155,7 @@ def main() -> None:
     model_path = ensure_model(MODEL)
     work = Path(tempfile.mkdtemp(prefix="gw-compare-"))
     vllm_port, litellm_port, gateway_port = free_port(), free_port(), free_port()
-    procs = [start_vllm(model_path, vllm_port, work / "vllm.log")]
+    procs = [start_vllm(model_path, vllm_port, work / "vllm.log", BARE_ENGINE)]
     results: dict[str, dict[str, Any]] = {}
     try:
         wait_http(f"http://127.0.0.1:{vllm_port}/v1/models", 300)
@@ -212,12 +182,7 @@ def main() -> None:
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
     for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_tree(proc)  # the vLLM server's engine core too, should the server hang
     procs.clear()
 
 
