@@ -7,6 +7,8 @@ from ``GATEWAY_*`` variables. Model and route layout live in the Serve config
 
 from __future__ import annotations
 
+import os
+
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -148,6 +150,11 @@ def production_refusals(settings: GatewaySettings) -> list[str]:
     elif not settings.s3_bucket:
         problems.append(
             "GATEWAY_S3_BUCKET is unset: GATEWAY_OBJECT_STORE=s3 needs the bucket to write to"
+        )
+    if os.environ.get("GATEWAY_OUTBOUND_ALLOW_LOOPBACK_FOR_TESTS", "").lower() in ("1", "true"):
+        problems.append(
+            "GATEWAY_OUTBOUND_ALLOW_LOOPBACK_FOR_TESTS is set: it lets client-supplied URLs "
+            "reach this machine's loopback services (tests only); unset it"
         )
     return problems
 

@@ -51,12 +51,19 @@ def supported_parameters(model: CatalogModel) -> list[str]:
     params = set(_BASE_CHAT_PARAMETERS)
     if not model.reasoning.separate_channel:
         params.add("stop")  # refused on separate-channel models (spec 4.1)
-    if model.native_tool_calling:
-        params.update({"tools", "tool_choice"})
+    on_vllm = model.engine.backend == "vllm" and not model.is_external
+    engine = model.engine.config if on_vllm else {}
+    # A vLLM head calls tools only with a tool-call parser (vllm_engine refuses tools
+    # without one), so the catalog flag alone does not decide it.
+    if model.native_tool_calling and (model.is_external or engine.get("tool_call_parser")):
+        params.update({"tools", "tool_choice", "parallel_tool_calls"})
     if model.reasoning.controllable or model.reasoning.format == "harmony":
         params.add("reasoning_effort")
-    if model.structured_outputs:
+    if model.structured_outputs or on_vllm:
+        # vLLM's serving layer decodes json_object/json_schema with a grammar on every model.
         params.update({"response_format", "structured_outputs"})
+    if on_vllm:
+        params.update({"logprobs", "top_logprobs"})
     return sorted(params)
 
 

@@ -167,6 +167,7 @@ class _ItemConverter:
         self.model = model
         self.fetcher = fetcher
         self.messages = messages
+        self.images = 0
         self.call_ids: set[str] = set()
 
     async def add(self, item: dict[str, Any], param: str) -> None:
@@ -213,6 +214,11 @@ class _ItemConverter:
             raise _bad("input_image needs an image_url (file ids are not supported).", param)
         if "image" not in self.model.input_modalities:
             raise _bad(f"The model '{self.model.id}' does not accept image input.", param, _UNSUP)
+        self.images += 1
+        limit = self.model.max_images_per_request
+        if limit is not None and self.images > limit:
+            message = f"The model '{self.model.id}' takes at most {limit} images per request."
+            raise InvalidRequestError(message, code="invalid_image", param=param)
         uri = await self.fetcher.resolve(url, f"{param}.image_url")
         return {"type": "image_url", "image_url": {"url": uri}}
 

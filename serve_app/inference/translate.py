@@ -162,6 +162,7 @@ async def prepare_messages(
     """Plain dicts for the engine; images decoded/fetched and re-encoded by bytes."""
     accepts_images = "image" in model.input_modalities
     fetcher = ImageFetcher(policy)
+    images = 0
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         data = message.model_dump(exclude_none=True)
@@ -171,6 +172,14 @@ async def prepare_messages(
                 param = f"messages[{i}].content[{j}]"
                 dumped = part.model_dump(exclude_none=True)
                 if part.type == "image_url":
+                    images += 1
+                    limit = model.max_images_per_request
+                    if limit is not None and images > limit:
+                        raise InvalidRequestError(
+                            f"The model '{model.id}' takes at most {limit} images per request.",
+                            code="invalid_image",
+                            param=param,
+                        )
                     if part.image_url is None:
                         raise InvalidRequestError(
                             "image_url parts need an image_url object.",

@@ -37,7 +37,7 @@ def _production_args() -> dict[str, Any]:
 
 @pytest.fixture
 def bare_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for name in (*PRODUCTION_ENV, "GATEWAY_S3_PREFIX"):
+    for name in (*PRODUCTION_ENV, "GATEWAY_S3_PREFIX", "GATEWAY_OUTBOUND_ALLOW_LOOPBACK_FOR_TESTS"):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -82,6 +82,14 @@ def test_a_complete_environment_passes(bare_env: pytest.MonkeyPatch) -> None:
         bare_env.setenv(name, value)
     assert production_refusals(GatewaySettings()) == []
     require_production_ready(GatewaySettings())
+
+
+def test_the_loopback_test_switch_is_refused(bare_env: pytest.MonkeyPatch) -> None:
+    for name, value in PRODUCTION_ENV.items():
+        bare_env.setenv(name, value)
+    bare_env.setenv("GATEWAY_OUTBOUND_ALLOW_LOOPBACK_FOR_TESTS", "1")
+    problems = production_refusals(GatewaySettings())
+    assert [p.split(" ")[0] for p in problems] == ["GATEWAY_OUTBOUND_ALLOW_LOOPBACK_FOR_TESTS"]
 
 
 def test_the_builder_refuses_a_production_start_without_the_database_url(

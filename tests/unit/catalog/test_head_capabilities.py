@@ -1,0 +1,36 @@
+"""What /v1/models promises follows what the head can really do (issue: no silent drops)."""
+
+from __future__ import annotations
+
+import yaml
+
+from serve_app.catalog.catalog import supported_parameters
+from serve_app.catalog.config import CatalogModel
+from serve_app.config import REPO_ROOT
+
+
+def _local(model_id: str) -> CatalogModel:
+    data = yaml.safe_load((REPO_ROOT / "configs" / "catalog" / "local.yaml").read_text())
+    entry = next(m for m in data["models"] if m["id"] == model_id)
+    return CatalogModel.model_validate(entry)
+
+
+def test_tools_only_where_the_head_has_a_tool_call_parser() -> None:
+    qwen = supported_parameters(_local("qwen2.5-coder-0.5b-instruct"))
+    smollm = supported_parameters(_local("smollm2-135m-instruct"))
+    assert {"tools", "tool_choice"} <= set(qwen)
+    assert "tools" not in smollm and "tool_choice" not in smollm
+    flagged_without_parser = _local("qwen2.5-coder-0.5b-instruct").model_copy(deep=True)
+    del flagged_without_parser.engine.config["tool_call_parser"]
+    assert "tools" not in supported_parameters(flagged_without_parser)
+
+
+def test_vllm_heads_offer_logprobs_and_grammar_outputs() -> None:
+    for model_id in ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"):
+        params = set(supported_parameters(_local(model_id)))
+        assert {"logprobs", "top_logprobs", "response_format"} <= params, model_id
+
+
+def test_external_models_promise_only_their_catalog_flags() -> None:
+    params = set(supported_parameters(_local("loopback/smollm2-135m-instruct")))
+    assert not params & {"logprobs", "top_logprobs", "tools"}
