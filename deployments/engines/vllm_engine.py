@@ -305,6 +305,11 @@ class VLLMEngine(TextEngine):
             raise TypeError("generate() takes a prompt returned by this engine's prepare()")
         chat = rendered.prompt.kind == "chat"
         request = self._request_for(rendered, sampling)
+        if stream and chat and request.tool_choice == "required" and request.tools:
+            # vLLM 0.32 streams a required call through an engine-based tool parser (our
+            # lenient_json) with per-delta texts its JSON-array scanner cannot read, so
+            # nothing would come out: generate it whole (it is one forced call anyway).
+            stream = False
         request.request_id = request_id
         request.stream = stream
         if stream:

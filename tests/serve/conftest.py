@@ -83,6 +83,8 @@ def _catalog() -> list[dict[str, object]]:
             "deployment": {"ray_actor_options": {"num_cpus": 0.5}},
         },
         _loopback_entry(),
+        _shipped_entry(QWEN),
+        _shipped_entry(VISION),
         *_audio_catalog(),
         *_video_catalog(),
         *dedicated_catalog(),
@@ -90,6 +92,17 @@ def _catalog() -> list[dict[str, object]]:
 
 
 LOOPBACK = "loopback/smollm2-135m-instruct"
+
+
+QWEN = "qwen2.5-coder-0.5b-instruct"
+VISION = "smolvlm-tiny-demo"
+
+
+def _shipped_entry(model_id: str) -> dict[str, object]:
+    """A model of the local catalog exactly as `make run` serves it."""
+    catalog = yaml.safe_load((REPO_ROOT / "configs/catalog/local.yaml").read_text())
+    (entry,) = (m for m in catalog["models"] if m["id"] == model_id)
+    return dict(entry)
 
 
 def _loopback_entry() -> dict[str, object]:
@@ -168,6 +181,8 @@ def serve_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeStack
     from serve_app.builders import build_gateway_app
 
     models = ensure_model(SMOLLM).parent
+    for name in ("qwen2.5-coder-0.5b-instruct", "smolvlm-tiny"):
+        ensure_model(name, models / name)  # prepared here, with progress, not inside a head
     # Heads resolve prepared models in this cache, not in the test's state folder
     # (else every session converts SmolLM2 again inside the head, ~35 s).
     os.environ["GATEWAY_MODELS_DIR"] = str(models)

@@ -80,7 +80,11 @@ def test_the_local_config_declares_the_loopback_model() -> None:
     config = load_serve_config("configs/local.yaml")
     assert uses_loopback_provider(config)
     # The external entry adds none; the vision demo is built on SmolLM2 at first start.
-    assert prepared_models(config) == ["smollm2-135m-instruct", "smolvlm-tiny"]
+    assert sorted(prepared_models(config)) == [
+        "qwen2.5-coder-0.5b-instruct",
+        "smollm2-135m-instruct",
+        "smolvlm-tiny",
+    ]
 
 
 def test_base_url_env_replaces_the_configured_url_only_when_set() -> None:
