@@ -8,7 +8,6 @@ from ``GATEWAY_*`` variables. Model and route layout live in the Serve config
 from __future__ import annotations
 
 import os
-
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
