@@ -55,7 +55,7 @@ def supported_parameters(model: CatalogModel) -> list[str]:
     engine = model.engine.config if on_vllm else {}
     # A vLLM head calls tools only with a tool-call parser (vllm_engine refuses tools
     # without one), so the catalog flag alone does not decide it.
-    if model.native_tool_calling and (model.is_external or engine.get("tool_call_parser")):
+    if model.native_tool_calling and (not on_vllm or engine.get("tool_call_parser")):
         params.update({"tools", "tool_choice", "parallel_tool_calls"})
     if model.reasoning.controllable or model.reasoning.format == "harmony":
         params.add("reasoning_effort")

@@ -55,7 +55,10 @@ async def test_card_fields(gateway: GatewayHarness) -> None:
 
 
 def test_supported_parameters_only_what_is_honoured() -> None:
-    base = CatalogModel(id="m", head="chat", context_length=10, max_output_tokens=5)
+    scripted = {"backend": "tests.fakes.scripted_engine:ScriptedEngine"}
+    base = CatalogModel(
+        id="m", head="chat", context_length=10, max_output_tokens=5, engine=scripted
+    )
     tools = base.model_copy(update={"native_tool_calling": True})
     sep = base.model_copy(
         update={"reasoning": base.reasoning.model_copy(update={"separate_channel": True})}
