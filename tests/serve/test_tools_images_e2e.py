@@ -163,7 +163,9 @@ def test_tools_on_a_model_without_a_parser_are_refused(serve_stack: ServeStack) 
 def _image(fmt: str) -> str:
     buffer = io.BytesIO()
     Image.new("RGB", (48, 32), (200, 30, 30)).save(buffer, format=fmt)
-    mime = {"JPEG": "jpeg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp"}[fmt]
+    mime = {"JPEG": "jpeg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp"}.get(
+        fmt, "tiff"
+    )
     return f"data:image/{mime};base64,{base64.b64encode(buffer.getvalue()).decode()}"
 
 
@@ -187,7 +189,7 @@ def test_images_reach_the_engine_and_are_counted(serve_stack: ServeStack) -> Non
         max_tokens=4,
     )
     assert text_only.usage is not None
-    for fmt in ("PNG", "JPEG", "WEBP", "GIF", "BMP"):
+    for fmt in ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF"):
         result = client.chat.completions.create(
             model=VISION,
             messages=_with_image(_image(fmt)),
@@ -221,6 +223,18 @@ def test_responses_input_image_and_limits(serve_stack: ServeStack) -> None:
         max_output_tokens=4,
     )
     assert response.usage is not None and response.usage.input_tokens > 10
+    events = list(
+        client.responses.create(
+            model=VISION,
+            input=[{"role": "user", "content": content}],  # type: ignore[list-item]
+            max_output_tokens=4,
+            stream=True,
+        )
+    )
+    final = events[-1]
+    assert final.type in ("response.completed", "response.incomplete")
+    assert final.response.usage is not None  # type: ignore[union-attr]
+    assert final.response.usage.input_tokens == response.usage.input_tokens  # type: ignore[union-attr]
     too_many = [{"type": "input_image", "image_url": _image("PNG")}] * 5
     with pytest.raises(openai.BadRequestError) as caught:
         client.responses.create(
