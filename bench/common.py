@@ -105,16 +105,20 @@ async def sequential(call: Call, n: int) -> Series:
     return series
 
 
-async def interleaved(calls: dict[str, Call], n: int) -> dict[str, Series]:
+async def interleaved(calls: dict[str, Call], n: int, gap_s: float = 0.0) -> dict[str, Series]:
     """``n`` sequential calls of each path, taken in turns (a, b, c, a, b, c, ...).
 
     On a shared 2-core box the machine's speed drifts during a run (engine
     warm-up, background daemons); measuring one path after the other charges
-    that drift to whichever path ran first, turns do not.
+    that drift to whichever path ran first, turns do not. ``gap_s`` pauses before
+    each call: vLLM's worker busy-spins ~1 s after a request, which otherwise
+    slows whichever call of the other stack comes next.
     """
     runs = {name: Series() for name in calls}
     for _ in range(n):
         for name, call in calls.items():
+            if gap_s:
+                await asyncio.sleep(gap_s)
             latency, ttft, tokens = await call()
             runs[name].latency.append(latency)
             runs[name].ttft.append(ttft)

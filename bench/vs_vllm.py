@@ -365,6 +365,7 @@ async def measure(
                 "gateway stream": gateway.call(True, args.tokens, "sequential"),
             },
             args.requests,
+            gap_s=args.gap_s,
         )
         throughput: dict[str, dict[str, list[float]]] = {}
         for c in args.concurrency:
@@ -538,6 +539,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, help="throughput rounds per path (3)")
     parser.add_argument("--warmup", type=int, help="unmeasured calls per path (2)")
     parser.add_argument("--idle-s", type=float, help="idle CPU window; 0 skips it (20)")
+    parser.add_argument(
+        "--gap-s",
+        type=float,
+        default=0.0,
+        help="pause before each sequential call, e.g. 1.5 to let vLLM's worker stop spinning (0)",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
