@@ -577,21 +577,12 @@ def check_object_store(settings: GatewaySettings) -> Problem | None:
 
 
 def _s3_probe_client(settings: GatewaySettings) -> Any:
-    """The gateway's S3 settings with a short timeout and no retries (a probe, not a put)."""
-    import boto3
-    from botocore.config import Config
+    """The gateway's S3 client with a short timeout and no retries (a probe, not a put)."""
+    from serve_app.storage.objects import s3_client
 
-    return boto3.client(
-        "s3",
-        endpoint_url=settings.s3_endpoint_url,
-        region_name=settings.s3_region,
-        aws_access_key_id=settings.s3_access_key_id,
-        aws_secret_access_key=settings.s3_secret_access_key,
-        config=Config(
-            signature_version="s3v4",
-            s3={"addressing_style": settings.s3_addressing_style},
-            connect_timeout=CONNECT_TIMEOUT_S,
-            read_timeout=CONNECT_TIMEOUT_S,
-            retries={"max_attempts": 1},
-        ),
+    return s3_client(
+        settings,
+        connect_timeout=CONNECT_TIMEOUT_S,
+        read_timeout=CONNECT_TIMEOUT_S,
+        retries={"max_attempts": 1},
     )

@@ -181,8 +181,11 @@ class S3ObjectStore:
         return url
 
 
-def s3_client(settings: GatewaySettings) -> Any:
-    """A boto3 S3 client from ``GATEWAY_S3_*``, falling back to boto3's own chain."""
+def s3_client(settings: GatewaySettings, **config: Any) -> Any:
+    """A boto3 S3 client from ``GATEWAY_S3_*``, falling back to boto3's own chain.
+
+    ``config`` adds botocore ``Config`` options (a probe's short timeouts, say).
+    """
     import boto3
     from botocore.config import Config
 
@@ -193,7 +196,9 @@ def s3_client(settings: GatewaySettings) -> Any:
         aws_access_key_id=settings.s3_access_key_id,
         aws_secret_access_key=settings.s3_secret_access_key,
         config=Config(
-            signature_version="s3v4", s3={"addressing_style": settings.s3_addressing_style}
+            signature_version="s3v4",
+            s3={"addressing_style": settings.s3_addressing_style},
+            **config,
         ),
     )
 
