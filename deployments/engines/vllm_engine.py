@@ -200,12 +200,7 @@ class VLLMEngine(TextEngine):
             raise InvalidRequestError("A completion needs a prompt.", param="prompt")
         body = request_body(prompt, sampling, self._served_name)
         request_cls = vllm.ChatCompletionRequest if chat else vllm.CompletionRequest
-        try:
-            request = request_cls.model_validate(body)
-        except ValueError as exc:  # pydantic's ValidationError is a ValueError
-            raise InvalidRequestError(
-                f"Invalid request for this model: {_first_error(exc)}"
-            ) from exc
+        request = _validated(request_cls, body)
         serving = self._chat if chat else self._completion
         render = serving.render_chat_request if chat else serving.render_completion_request
         try:
@@ -267,11 +262,7 @@ class VLLMEngine(TextEngine):
             != rendered.sampling
         ):
             body = request_body(rendered.prompt, sampling, self._served_name)
-            try:
-                request = type(request).model_validate(body)
-            except ValueError as exc:
-                message = f"Invalid request for this model: {_first_error(exc)}"
-                raise InvalidRequestError(message) from exc
+            request = _validated(type(request), body)
         request.max_tokens = sampling.max_tokens
         if rendered.prompt.kind == "chat":
             request.max_completion_tokens = None
@@ -446,6 +437,14 @@ def _load_chat_template(template: str | None) -> str | None:
     from vllm.renderers.chat_utils import load_chat_template
 
     return load_chat_template(template)
+
+
+def _validated(request_cls: Any, body: dict[str, Any]) -> Any:
+    """vLLM's request model from ``body``; its validation errors are the client's (400)."""
+    try:
+        return request_cls.model_validate(body)
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        raise InvalidRequestError(f"Invalid request for this model: {_first_error(exc)}") from exc
 
 
 def _first_error(exc: Exception) -> str:
