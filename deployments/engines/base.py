@@ -87,18 +87,22 @@ class ToolCallDelta:
     index: int = 0
 
 
-def merge_tool_call(calls: list[ToolCallDelta], fragment: ToolCallDelta) -> None:
+def merge_tool_call(calls: list[ToolCallDelta], fragment: ToolCallDelta) -> int:
     """Add a streamed fragment to the calls gathered so far (OpenAI's delta rules).
 
     A fragment with the index of an earlier call and no new id or name continues
     that call's arguments; anything else starts a new call. ``calls`` holds copies,
     so the fragments (which may be relayed as they are) are never changed.
+    Returns the position in ``calls`` of the call the fragment belongs to.
     """
-    last = next((c for c in reversed(calls) if c.index == fragment.index), None)
-    if last is not None and fragment.id in ("", last.id) and not fragment.name:
-        last.arguments += fragment.arguments
-        return
+    position = next(
+        (i for i in range(len(calls) - 1, -1, -1) if calls[i].index == fragment.index), None
+    )
+    if position is not None and not fragment.name and fragment.id in ("", calls[position].id):
+        calls[position].arguments += fragment.arguments
+        return position
     calls.append(dataclasses.replace(fragment))
+    return len(calls) - 1
 
 
 @dataclass

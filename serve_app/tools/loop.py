@@ -36,6 +36,7 @@ from deployments.engines.base import (
     PromptSpec,
     TextDelta,
     ToolCallDelta,
+    merge_tool_call,
 )
 from deployments.head_protocol import HeadEvent, HeadFailure, HeadRequest, HeadStarted
 from serve_app.inference.metering import MeteredRequest
@@ -93,19 +94,10 @@ class _Turn:
 
     def _add_call(self, call: ToolCallDelta) -> None:
         """Fragments of one call (same index, no new id) are joined."""
-        position = next(
-            (i for i in range(len(self.calls) - 1, -1, -1) if self.calls[i].index == call.index),
-            None,
-        )
-        if position is not None and not call.name:
-            last = self.calls[position]
-            if not call.id or call.id == last.id:
-                last.arguments += call.arguments
-                self.fragments.append((position, call))
-                return
-        call_id = call.id or f"call_{uuid.uuid4().hex[:24]}"
-        self.calls.append(ToolCallDelta(call_id, call.name, call.arguments, call.index))
-        self.fragments.append((len(self.calls) - 1, call))
+        position = merge_tool_call(self.calls, call)
+        if not self.calls[position].id:
+            self.calls[position].id = f"call_{uuid.uuid4().hex[:24]}"
+        self.fragments.append((position, call))
 
     def text(self) -> str:
         return "".join(d.text for d in self.deltas)
