@@ -42,8 +42,7 @@ from bench.common import (
     pct,
 )
 from bench.servers import SMOLLM2, mint_key
-from deployments.engines.base import GenerationDone, PromptSpec, SamplingSpec, TextDelta
-from deployments.head_protocol import HeadRequest
+from serve_app.contract.text import GenerationDone, HeadRequest, PromptSpec, SamplingSpec, TextDelta
 
 MODEL = SMOLLM2
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from deployments.engines.audio_base import TranscriptSegment
-from deployments.head_protocol import HeadFailure
+from serve_app.contract.errors import HeadFailure
 
 
 @dataclass

@@ -16,18 +16,18 @@ from typing import Any
 
 from ray import serve
 
-from deployments.engines.base import (
-    EngineInfo,
-    GenerationDone,
-    PreparedPrompt,
-    SamplingSpec,
-    TextDelta,
-    TextEngine,
-)
-from deployments.head_protocol import HeadEvent, HeadFailure, HeadRequest, HeadStarted
+from deployments.engines.base import EngineInfo, PreparedPrompt, TextEngine
 from deployments.replica_logging import configure_replica_logging
 from deployments.stream_batching import DEFAULT_INTERVAL_S, coalesce
-from serve_app.contract.errors import GatewayError, InvalidRequestError, UpstreamError
+from serve_app.contract.errors import GatewayError, HeadFailure, InvalidRequestError, UpstreamError
+from serve_app.contract.text import (
+    GenerationDone,
+    HeadEvent,
+    HeadRequest,
+    HeadStarted,
+    SamplingSpec,
+    TextDelta,
+)
 
 logger = logging.getLogger(__name__)
 

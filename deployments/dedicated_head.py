@@ -22,10 +22,9 @@ from typing import Any
 from ray import serve
 
 from deployments.chat_head import ChatHeadCore
-from deployments.engines.base import GenerationDone
-from deployments.head_protocol import HeadEvent, HeadRequest
 from deployments.replica_logging import configure_replica_logging
 from deployments.stream_batching import coalesce
+from serve_app.contract.text import GenerationDone, HeadEvent, HeadRequest
 
 logger = logging.getLogger(__name__)
 

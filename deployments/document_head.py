@@ -35,10 +35,10 @@ from deployments.engines.document_base import (
     Region,
     too_many_pixels,
 )
-from deployments.head_protocol import HeadFailure
 from deployments.replica_logging import configure_replica_logging
 from serve_app.contract.errors import (
     GatewayError,
+    HeadFailure,
     InvalidRequestError,
     ModelUnavailableError,
     UpstreamError,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from deployments.engines.document_base import MAX_IMAGE_PIXELS, Box, ParseField, Region
-from deployments.head_protocol import HeadFailure
+from serve_app.contract.errors import HeadFailure
 
 
 @dataclass

@@ -23,10 +23,10 @@ from deployments.engines.audio_base import (
     SpeechEngineInfo,
     strip_emotion_tags,
 )
-from deployments.head_protocol import HeadFailure
 from deployments.replica_logging import configure_replica_logging
 from serve_app.contract.errors import (
     GatewayError,
+    HeadFailure,
     InvalidRequestError,
     ModelUnavailableError,
     UpstreamError,

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
-from deployments.engines.base import TextDelta
+from serve_app.contract.text import TextDelta
 
 DEFAULT_INTERVAL_S = 0.02
 """Batch window while streaming: ~50 flushes per second per stream at most."""

@@ -27,9 +27,13 @@ from deployments.engines.audio_base import (
     TranscriptionOptions,
     sniff_container,
 )
-from deployments.head_protocol import HeadFailure
 from deployments.replica_logging import configure_replica_logging
-from serve_app.contract.errors import GatewayError, ModelUnavailableError, UpstreamError
+from serve_app.contract.errors import (
+    GatewayError,
+    HeadFailure,
+    ModelUnavailableError,
+    UpstreamError,
+)
 
 logger = logging.getLogger(__name__)
 

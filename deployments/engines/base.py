@@ -21,48 +21,18 @@ Streaming contract (read this before writing a backend):
 3. Failure before the first delta: raise. Failure after it: raise as well; the
    head turns it into an error event and bills what was produced.
 4. Everything yielded is a plain dataclass of builtins so it crosses a Ray
-   DeploymentHandle unchanged.
+   DeploymentHandle unchanged: the request and result values live in the neutral
+   contract (``serve_app.contract.text``), which the gateway imports as well.
 """
 
 from __future__ import annotations
 
 import abc
-import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-PromptKind = Literal["chat", "completion"]
-
-
-@dataclass
-class SamplingSpec:
-    """Sampling parameters after the gateway's validation and translation."""
-
-    max_tokens: int
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int = 1
-    stop: list[str] = field(default_factory=list)
-    seed: int | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Unknown request fields relayed as given (spec 4.1: relayed to the engine)."""
-
-
-@dataclass
-class PromptSpec:
-    """What to render: chat messages or one raw completion prompt."""
-
-    kind: PromptKind
-    messages: list[dict[str, Any]] | None = None
-    prompt: str | None = None
-    token_ids: list[int] | None = None
-    """A completion prompt given as token ids (OpenAI allows it; Orpheus builds its own)."""
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+from serve_app.contract.text import GenerationDone, PromptSpec, SamplingSpec, TextDelta
 
 
 @dataclass
@@ -75,73 +45,6 @@ class PreparedPrompt:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
-
-
-@dataclass
-class ToolCallDelta:
-    """A client function call extracted from the model's output."""
-
-    id: str
-    name: str
-    arguments: str
-    index: int = 0
-
-
-def merge_tool_call(calls: list[ToolCallDelta], fragment: ToolCallDelta) -> int:
-    """Add a streamed fragment to the calls gathered so far (OpenAI's delta rules).
-
-    A fragment with the index of an earlier call and no new id or name continues
-    that call's arguments; anything else starts a new call. ``calls`` holds copies,
-    so the fragments (which may be relayed as they are) are never changed.
-    Returns the position in ``calls`` of the call the fragment belongs to.
-    """
-    position = next(
-        (i for i in range(len(calls) - 1, -1, -1) if calls[i].index == fragment.index), None
-    )
-    if position is not None and not fragment.name and fragment.id in ("", calls[position].id):
-        calls[position].arguments += fragment.arguments
-        return position
-    calls.append(dataclasses.replace(fragment))
-    return len(calls) - 1
-
-
-@dataclass
-class TextDelta:
-    """New output for one choice."""
-
-    choice_index: int
-    text: str = ""
-    reasoning: str = ""
-    tool_calls: list[ToolCallDelta] = field(default_factory=list)
-    finish_reason: str | None = None
-    completion_tokens: int = 0
-    """Tokens generated for this choice so far (cumulative), for partial billing."""
-    logprobs: Any = None
-    """This delta's logprobs in OpenAI's shape for the route (chat: ``{"content": [...]}``;
-    completions: ``{"tokens": [...], "token_logprobs": [...], ...}``), or None."""
-
-
-@dataclass
-class GenerationDone:
-    """Final accounting for one ``generate`` call."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int | None = None
-    reasoning_tokens: int | None = None
-
-    def add(self, other: GenerationDone) -> None:
-        """Fold another generation's accounting into this one (prompts, turns).
-
-        Optional counts stay ``None`` until some part reports them, so a total
-        never shows a made-up 0 (spec 2.7).
-        """
-        self.prompt_tokens += other.prompt_tokens
-        self.completion_tokens += other.completion_tokens
-        if other.cached_tokens is not None:
-            self.cached_tokens = (self.cached_tokens or 0) + other.cached_tokens
-        if other.reasoning_tokens is not None:
-            self.reasoning_tokens = (self.reasoning_tokens or 0) + other.reasoning_tokens
 
 
 EngineEvent = TextDelta | GenerationDone

@@ -29,8 +29,8 @@ from deployments.engines.audio_base import (
     SpeechEngineInfo,
     SynthesizedAudio,
 )
-from deployments.engines.base import PromptSpec, SamplingSpec, TextDelta
 from deployments.engines.vllm_config import VLLMEngineConfig
+from serve_app.contract.text import PromptSpec, SamplingSpec, TextDelta
 
 START_OF_HUMAN = 128259
 END_OF_PROMPT = (128009, 128260, 128261, 128257)

@@ -26,14 +26,7 @@ from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
-from deployments.engines.base import (
-    EngineEvent,
-    EngineInfo,
-    PreparedPrompt,
-    PromptSpec,
-    SamplingSpec,
-    TextEngine,
-)
+from deployments.engines.base import EngineEvent, EngineInfo, PreparedPrompt, TextEngine
 from deployments.engines.model_prep import resolve_model_reference
 from deployments.engines.vllm_config import VLLMEngineConfig
 from deployments.engines.vllm_openai import (
@@ -51,6 +44,7 @@ from serve_app.contract.errors import (
     ModelUnavailableError,
     UpstreamError,
 )
+from serve_app.contract.text import PromptSpec, SamplingSpec
 
 logger = logging.getLogger(__name__)
 

@@ -27,19 +27,19 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from deployments.engines.base import (
-    EngineEvent,
-    GenerationDone,
-    PromptSpec,
-    SamplingSpec,
-    TextDelta,
-    ToolCallDelta,
-)
+from deployments.engines.base import EngineEvent
 from serve_app.contract.errors import (
     GatewayError,
     InvalidRequestError,
     ModelUnavailableError,
     UpstreamError,
+)
+from serve_app.contract.text import (
+    GenerationDone,
+    PromptSpec,
+    SamplingSpec,
+    TextDelta,
+    ToolCallDelta,
 )
 
 DENIED_EXTRAS = frozenset(

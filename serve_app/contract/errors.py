@@ -6,12 +6,13 @@ type and code together on the exception means a route never has to remember
 which status belongs to which code.
 
 These classes are plain picklable values: they also cross Ray DeploymentHandles
-(a head returns an ``ErrorEvent`` built from one), so they hold only strings and
-ints.
+(a head answers with a ``HeadFailure``, the same error as plain values), so they
+hold only strings and ints.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -177,6 +178,45 @@ class UpstreamTimeoutError(GatewayError):
     status_code = 504
     error_type = "api_error"
     default_code = "upstream_timeout"
+
+
+@dataclass
+class HeadFailure:
+    """An error as plain values, rebuilt into a ``GatewayError`` by the gateway.
+
+    A head answers with one instead of raising, so a caller mistake found inside
+    the head keeps its status and code rather than arriving as Ray's generic task
+    error.
+    """
+
+    status_code: int
+    error_type: str
+    message: str
+    code: str | None = None
+    param: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_error(cls, err: GatewayError) -> HeadFailure:
+        return cls(
+            status_code=err.status_code,
+            error_type=err.error_type,
+            message=err.message,
+            code=err.code,
+            param=err.param,
+            headers=dict(err.headers),
+        )
+
+    def to_error(self) -> GatewayError:
+        error = GatewayError(
+            self.message,
+            code=self.code,
+            param=self.param,
+            headers=self.headers,
+            status_code=self.status_code,
+        )
+        error.error_type = self.error_type
+        return error
 
 
 def model_warming(model: str, retry_after_s: int) -> ModelUnavailableError:

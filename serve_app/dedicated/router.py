@@ -25,10 +25,10 @@ from datetime import datetime
 from typing import Any
 
 from deployments.dedicated_head import ServedBy
-from deployments.engines.base import GenerationDone, TextDelta
-from deployments.head_protocol import HeadEvent, HeadFailure, HeadRequest
 from serve_app.auth.principal import Principal
 from serve_app.catalog.config import CatalogModel, PricingConfig
+from serve_app.contract.errors import HeadFailure
+from serve_app.contract.text import GenerationDone, HeadEvent, HeadRequest, TextDelta
 from serve_app.dedicated.alias import app_name_for, is_dedicated_alias, slug_of
 from serve_app.dedicated.backend import ServeBackend
 from serve_app.dedicated.floor import FloorCounts, LocalFloorCounts

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployments.engines.base import GenerationDone, TextDelta, ToolCallDelta, merge_tool_call
+from serve_app.contract.text import GenerationDone, TextDelta, ToolCallDelta, merge_tool_call
 from serve_app.protocol.common import Usage
 
 

@@ -25,11 +25,11 @@ from deployments.audio_protocol import (
     TranscriptionHeadResult,
 )
 from deployments.engines.audio_base import DEFAULT_VOICE, SPEC_VOICES, sniff_container
-from deployments.head_protocol import HeadFailure
 from serve_app.auth.principal import Principal
 from serve_app.billing.records import UsageQuantities
 from serve_app.catalog.catalog import Catalog
 from serve_app.catalog.config import CatalogModel
+from serve_app.contract.errors import HeadFailure
 from serve_app.inference.audio_client import SpeechClient, TranscriptionClient
 from serve_app.inference.metering import Metering, RequestMeta
 from serve_app.inference.readiness import HeadReadiness

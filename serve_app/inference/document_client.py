@@ -16,8 +16,8 @@ from deployments.document_protocol import (
     ParseHeadReply,
     ParseHeadRequest,
 )
-from deployments.head_protocol import HeadFailure
 from serve_app.catalog.config import CatalogModel
+from serve_app.contract.errors import HeadFailure
 from serve_app.inference.audio_client import RayAudioClient
 
 

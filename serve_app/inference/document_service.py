@@ -30,11 +30,11 @@ from deployments.document_protocol import (
     ParseHeadResult,
 )
 from deployments.engines.document_base import MAX_IMAGE_PIXELS, too_many_pixels
-from deployments.head_protocol import HeadFailure
 from serve_app.auth.principal import Principal
 from serve_app.billing.records import UsageQuantities
 from serve_app.catalog.catalog import Catalog
 from serve_app.catalog.config import CatalogModel
+from serve_app.contract.errors import HeadFailure
 from serve_app.inference.document_client import DocumentClient
 from serve_app.inference.images import ImagePolicy, check_image_bytes
 from serve_app.inference.metering import Metering, RequestMeta

@@ -23,9 +23,17 @@ from typing import Any
 
 import httpx
 
-from deployments.engines.base import GenerationDone, PromptSpec, TextDelta, ToolCallDelta
-from deployments.head_protocol import HeadEvent, HeadFailure, HeadRequest, HeadStarted
 from serve_app.catalog.config import CatalogModel, ExternalProvider
+from serve_app.contract.errors import HeadFailure
+from serve_app.contract.text import (
+    GenerationDone,
+    HeadEvent,
+    HeadRequest,
+    HeadStarted,
+    PromptSpec,
+    TextDelta,
+    ToolCallDelta,
+)
 from serve_app.protocol.errors import (
     GatewayError,
     InvalidRequestError,

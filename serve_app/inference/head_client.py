@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from deployments.chat_head import ChatHeadCore
-from deployments.head_protocol import HeadEvent, HeadRequest
+from serve_app.contract.text import HeadEvent, HeadRequest
 from serve_app.protocol.errors import ModelUnavailableError, UpstreamError
 
 logger = logging.getLogger(__name__)

@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from deployments.engines.base import GenerationDone, TextDelta
-from deployments.head_protocol import HeadEvent, HeadStarted
 from serve_app.auth.principal import Principal
 from serve_app.billing.ledger import UsageLedger
 from serve_app.billing.pricing import NO_TOOL_PRICES, ToolPrices, build_record
@@ -27,6 +25,7 @@ from serve_app.billing.records import UsageQuantities, UsageStatus
 from serve_app.billing.store import LedgerStore
 from serve_app.catalog.config import CatalogModel
 from serve_app.config import GatewayAppArgs
+from serve_app.contract.text import GenerationDone, HeadEvent, HeadStarted, TextDelta
 from serve_app.ingress.replays import InProcessReplayStore, ReplayStore, build_replay_store
 from serve_app.limits.buckets import CounterStore, Ticket
 from serve_app.limits.limiter import PlatformLimits, RateLimiter, build_counter_store

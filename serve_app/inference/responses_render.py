@@ -22,7 +22,7 @@ import time
 import uuid
 from typing import Any
 
-from deployments.engines.base import GenerationDone, TextDelta, ToolCallDelta
+from serve_app.contract.text import GenerationDone, TextDelta, ToolCallDelta
 from serve_app.ingress.streaming import sse_event
 from serve_app.protocol.errors import GatewayError
 from serve_app.tools.citations import SourceList

@@ -19,11 +19,10 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from deployments.engines.base import GenerationDone, PromptSpec, SamplingSpec
-from deployments.head_protocol import HeadRequest
 from serve_app.auth.principal import Principal
 from serve_app.catalog.catalog import residency_routing
 from serve_app.catalog.config import CatalogModel
+from serve_app.contract.text import GenerationDone, HeadRequest, PromptSpec, SamplingSpec
 from serve_app.inference.metering import MeteredRequest, RequestMeta
 from serve_app.inference.responses_echo import response_settings
 from serve_app.inference.responses_input import (

@@ -19,11 +19,11 @@ from typing import Any
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from deployments.engines.base import GenerationDone, TextDelta
-from deployments.head_protocol import HeadEvent, HeadFailure, HeadRequest, HeadStarted
 from serve_app.auth.principal import Principal
 from serve_app.catalog.catalog import Catalog, residency_routing
 from serve_app.catalog.config import CatalogModel
+from serve_app.contract.errors import HeadFailure
+from serve_app.contract.text import GenerationDone, HeadEvent, HeadRequest, HeadStarted, TextDelta
 from serve_app.inference.assemble import (
     ChatChunker,
     Collected,

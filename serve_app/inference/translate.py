@@ -12,9 +12,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployments.engines.base import PromptSpec, SamplingSpec
-from deployments.head_protocol import HeadRequest
 from serve_app.catalog.config import CatalogModel
+from serve_app.contract.text import HeadRequest, PromptSpec, SamplingSpec
 from serve_app.inference.images import ImageFetcher, ImagePolicy
 from serve_app.inference.reasoning import translate_reasoning_effort
 from serve_app.protocol.chat import ChatCompletionRequest, ChatMessage

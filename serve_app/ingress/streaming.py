@@ -14,7 +14,8 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from deployments.head_protocol import HeadEvent, HeadFailure, HeadStarted
+from serve_app.contract.errors import HeadFailure
+from serve_app.contract.text import HeadEvent, HeadStarted
 from serve_app.protocol.errors import GatewayError, UpstreamTimeoutError
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from deployments.head_protocol import HeadRequest
+from serve_app.contract.text import HeadRequest
 from serve_app.tools.declarations import ServerToolPlan
 
 _SCHEMAS: dict[str, dict[str, Any]] = {

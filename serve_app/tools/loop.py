@@ -31,14 +31,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployments.engines.base import (
+from serve_app.contract.errors import HeadFailure
+from serve_app.contract.text import (
     GenerationDone,
+    HeadEvent,
+    HeadRequest,
+    HeadStarted,
     PromptSpec,
     TextDelta,
     ToolCallDelta,
     merge_tool_call,
 )
-from deployments.head_protocol import HeadEvent, HeadFailure, HeadRequest, HeadStarted
 from serve_app.inference.metering import MeteredRequest
 from serve_app.ingress.streaming import aclose_quietly
 from serve_app.protocol.errors import UpstreamError

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from deployments.engines.base import ToolCallDelta
+from serve_app.contract.text import ToolCallDelta
 from serve_app.tools.citations import SourceList
 from serve_app.tools.config import ToolsOptions
 from serve_app.tools.declarations import CODE_SECONDS_PER_REQUEST, ServerToolPlan

@@ -21,15 +21,12 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from deployments.engines.base import (
-    EngineEvent,
-    EngineInfo,
+from deployments.engines.base import EngineEvent, EngineInfo, PreparedPrompt, TextEngine
+from serve_app.contract.text import (
     GenerationDone,
-    PreparedPrompt,
     PromptSpec,
     SamplingSpec,
     TextDelta,
-    TextEngine,
     ToolCallDelta,
 )
 from tests.fakes.scripted_turns import MARKER, fragments, pick_turn, play_turn, turn_number

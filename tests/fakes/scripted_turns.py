@@ -23,8 +23,8 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from deployments.engines.base import (
-    EngineEvent,
+from deployments.engines.base import EngineEvent
+from serve_app.contract.text import (
     GenerationDone,
     PromptSpec,
     SamplingSpec,

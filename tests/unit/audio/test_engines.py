@@ -16,9 +16,9 @@ from deployments.audio_protocol import (
     TranscriptionHeadResult,
 )
 from deployments.engines.audio_base import SPEC_VOICES, sniff_container
-from deployments.head_protocol import HeadFailure
 from deployments.speech_head import SpeechHeadCore
 from deployments.transcription_head import TranscriptionHeadCore
+from serve_app.contract.errors import HeadFailure
 from tests.fixtures.audio_files import ENCODINGS, encode
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."

@@ -17,9 +17,9 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from deployments.engines.base import GenerationDone, PromptSpec, SamplingSpec, TextDelta
 from deployments.engines.factory import build_text_engine
 from deployments.engines.vllm_engine import VLLMEngine
+from serve_app.contract.text import GenerationDone, PromptSpec, SamplingSpec, TextDelta
 
 pytest.importorskip("vllm")
 

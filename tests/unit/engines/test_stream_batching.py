@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from deployments.engines.base import GenerationDone, TextDelta, ToolCallDelta
-from deployments.head_protocol import HeadStarted
 from deployments.stream_batching import coalesce, merge_deltas
+from serve_app.contract.text import GenerationDone, HeadStarted, TextDelta, ToolCallDelta
 
 
 async def _timed(items: list[tuple[float, Any]]) -> AsyncIterator[Any]:

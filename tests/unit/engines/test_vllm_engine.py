@@ -14,16 +14,10 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from deployments.engines.base import (
-    EngineEvent,
-    GenerationDone,
-    PreparedPrompt,
-    PromptSpec,
-    SamplingSpec,
-    TextDelta,
-)
+from deployments.engines.base import EngineEvent, PreparedPrompt
 from deployments.engines.factory import build_text_engine
 from deployments.engines.vllm_engine import VLLMEngine
+from serve_app.contract.text import GenerationDone, PromptSpec, SamplingSpec, TextDelta
 from serve_app.protocol.errors import InvalidRequestError, ModelUnavailableError
 
 pytest.importorskip("vllm")
