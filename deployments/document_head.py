@@ -18,24 +18,24 @@ from typing import TYPE_CHECKING, Any
 
 from ray import serve
 
-from deployments.document_protocol import (
+from deployments.engines.document_base import (
+    DetectEngine,
+    ParseEngine,
+    ParseEngineInfo,
+    ParseOptions,
+)
+from deployments.replica_logging import configure_replica_logging
+from serve_app.contract.document import (
+    MAX_IMAGE_PIXELS,
     DetectHeadReply,
     DetectHeadRequest,
     DetectHeadResult,
     ParseHeadReply,
     ParseHeadRequest,
     ParseHeadResult,
-)
-from deployments.engines.document_base import (
-    MAX_IMAGE_PIXELS,
-    DetectEngine,
-    ParseEngine,
-    ParseEngineInfo,
-    ParseOptions,
     Region,
     too_many_pixels,
 )
-from deployments.replica_logging import configure_replica_logging
 from serve_app.contract.errors import (
     GatewayError,
     HeadFailure,

@@ -16,14 +16,14 @@ from typing import Any
 
 from ray import serve
 
-from deployments.audio_protocol import SpeechHeadReply, SpeechHeadRequest, SpeechHeadResult
-from deployments.engines.audio_base import (
-    SPEC_VOICES,
-    SpeechEngine,
-    SpeechEngineInfo,
-    strip_emotion_tags,
-)
+from deployments.engines.audio_base import SpeechEngine, SpeechEngineInfo, strip_emotion_tags
 from deployments.replica_logging import configure_replica_logging
+from serve_app.contract.audio import (
+    SPEC_VOICES,
+    SpeechHeadReply,
+    SpeechHeadRequest,
+    SpeechHeadResult,
+)
 from serve_app.contract.errors import (
     GatewayError,
     HeadFailure,

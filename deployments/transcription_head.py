@@ -16,18 +16,18 @@ from typing import Any
 
 from ray import serve
 
-from deployments.audio_protocol import (
-    TranscriptionHeadReply,
-    TranscriptionHeadRequest,
-    TranscriptionHeadResult,
-)
 from deployments.engines.audio_base import (
     TranscriptionEngine,
     TranscriptionEngineInfo,
     TranscriptionOptions,
-    sniff_container,
 )
 from deployments.replica_logging import configure_replica_logging
+from serve_app.contract.audio import (
+    TranscriptionHeadReply,
+    TranscriptionHeadRequest,
+    TranscriptionHeadResult,
+    sniff_container,
+)
 from serve_app.contract.errors import (
     GatewayError,
     HeadFailure,

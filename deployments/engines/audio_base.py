@@ -25,8 +25,8 @@ Contract (read this before writing a backend):
    head reports a 502. Everything the head passes on crosses a Ray handle, so
    results are plain dataclasses of builtins (and numpy arrays inside the head).
 
-This module has no heavy imports: the gateway uses ``sniff_container`` and the
-voice list without loading numpy, PyAV or any model runtime.
+What the gateway needs as well (the spec's voices, ``sniff_container``, the
+transcript segment a result carries) lives in ``serve_app.contract.audio``.
 """
 
 from __future__ import annotations
@@ -34,21 +34,16 @@ from __future__ import annotations
 import abc
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
+
+from serve_app.contract.audio import TranscriptSegment
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-SPEC_VOICES: tuple[str, ...] = ("tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe")
-"""The voices of spec 4.4; every speech backend maps each of them to a real voice."""
-
-DEFAULT_VOICE = "tara"
 OUTPUT_SAMPLE_RATE = 24_000
 """Spec 2.12: speech is returned as mono 24 kHz (16-bit PCM WAV)."""
-
-AudioContainer = Literal["wav", "mp3", "mp4", "flac", "ogg"]
-"""Containers of spec 4.5, named as FFmpeg's demuxers (``mp4`` covers M4A)."""
 
 _EMOTION_TAG = re.compile(r"<\s*/?\s*[A-Za-z][A-Za-z_-]{0,31}\s*/?\s*>")
 _SPACES = re.compile(r"[ \t]{2,}")
@@ -64,29 +59,6 @@ def strip_emotion_tags(text: str) -> str:
     cleaned = _EMOTION_TAG.sub(" ", text)
     cleaned = _SPACE_BEFORE_PUNCT.sub(r"\1", cleaned)
     return _SPACES.sub(" ", cleaned).strip()
-
-
-def sniff_container(head: bytes) -> AudioContainer | None:
-    """The container the first bytes of a file announce, or None.
-
-    The declared content type and file name are never trusted (spec 4.5): the
-    decoder is then forced to this container, so FFmpeg never probes other
-    demuxers (playlists, image sequences) on caller-supplied bytes.
-    """
-    if len(head) >= 12 and head[:4] in (b"RIFF", b"RF64") and head[8:12] == b"WAVE":
-        return "wav"
-    if head.startswith(b"fLaC"):
-        return "flac"
-    if head.startswith(b"OggS"):
-        return "ogg"
-    if len(head) >= 12 and head[4:8] == b"ftyp":
-        return "mp4"
-    if head.startswith(b"ID3"):
-        return "mp3"
-    # An MPEG audio frame: 11 sync bits, then a layer other than "reserved" (ADTS AAC).
-    if len(head) >= 2 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0 and head[1] & 0x06:
-        return "mp3"
-    return None
 
 
 @dataclass
@@ -123,22 +95,6 @@ class TranscriptionOptions:
     language: str | None = None
     prompt: str | None = None
     temperature: float | None = None
-
-
-@dataclass
-class TranscriptSegment:
-    """One timed piece of a transcript (OpenAI's ``verbose_json`` segment fields)."""
-
-    id: int
-    start: float
-    end: float
-    text: str
-    seek: int = 0
-    tokens: list[int] = field(default_factory=list)
-    temperature: float = 0.0
-    avg_logprob: float = 0.0
-    compression_ratio: float = 0.0
-    no_speech_prob: float = 0.0
 
 
 @dataclass

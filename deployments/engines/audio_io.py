@@ -19,7 +19,8 @@ import av
 import numpy as np
 import numpy.typing as npt
 
-from deployments.engines.audio_base import OUTPUT_SAMPLE_RATE, AudioContainer
+from deployments.engines.audio_base import OUTPUT_SAMPLE_RATE
+from serve_app.contract.audio import AudioContainer
 from serve_app.contract.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)

@@ -17,49 +17,20 @@ Contract (read this before writing a backend):
    gateway already sniffed, so no engine parses caller-supplied containers.
 4. Boxes are pixel coordinates ``[x0, y0, x1, y1]`` of the image as sent.
 5. Caller mistakes raise ``InvalidRequestError``; anything else raises and the
-   head reports a 502. Results cross a Ray handle: plain dataclasses only.
+   head reports a 502. Results cross a Ray handle: plain dataclasses only
+   (``Region``, ``Box``, ``ParseField`` live in ``serve_app.contract.document``).
 """
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from serve_app.contract.errors import InvalidRequestError
+from serve_app.contract.document import Box, ParseField, Region
 
 if TYPE_CHECKING:
     from PIL import Image
-
-MAX_IMAGE_PIXELS = 40_000_000
-"""Largest decoded image (width x height) a document head accepts: an A4 page at 600 dpi
-(35 M) fits, while a few kilobytes of PNG cannot expand into gigabytes of RGB."""
-
-
-def too_many_pixels(width: int | None, height: int | None, limit: int) -> InvalidRequestError:
-    """The 400 for an image over the pixel bound: one wording for the gateway's check on
-    the header and the head's own check before it decodes."""
-    size = f"{width} x {height} pixels" if width and height else "too many pixels"
-    return InvalidRequestError(
-        f"Invalid image: it is {size}; at most {limit:,} pixels are accepted.",
-        code="invalid_image",
-        param="image",
-    )
-
-
-ParseField = Literal["text", "table", "tables", "output"]
-"""Spec 2.12: a parse result carries exactly one of these, fixed per head."""
-
-Box = list[float]
-
-
-@dataclass
-class Region:
-    """One detected region: its class, confidence and pixel box."""
-
-    label: str
-    score: float
-    box: Box
 
 
 @dataclass

@@ -30,12 +30,11 @@ from deployments.engines.document_base import (
     DetectEngine,
     ParseEngine,
     ParseEngineInfo,
-    ParseField,
     ParseOptions,
     ParseOutput,
-    Region,
 )
 from deployments.engines.tiny_document_models import resolve_tiny
+from serve_app.contract.document import ParseField, Region
 
 if TYPE_CHECKING:
     from PIL import Image

@@ -24,12 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.engines.audio_base import (
     OUTPUT_SAMPLE_RATE,
-    SPEC_VOICES,
     SpeechEngine,
     SpeechEngineInfo,
     SynthesizedAudio,
 )
 from deployments.engines.vllm_config import VLLMEngineConfig
+from serve_app.contract.audio import SPEC_VOICES
 from serve_app.contract.text import PromptSpec, SamplingSpec, TextDelta
 
 START_OF_HUMAN = 128259

@@ -18,12 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from deployments.engines.audio_base import (
-    SPEC_VOICES,
-    SpeechEngine,
-    SpeechEngineInfo,
-    SynthesizedAudio,
-)
+from deployments.engines.audio_base import SpeechEngine, SpeechEngineInfo, SynthesizedAudio
+from serve_app.contract.audio import SPEC_VOICES
 
 logger = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ from deployments.engines.document_base import (
     ParseEngineInfo,
     ParseOptions,
     ParseOutput,
-    Region,
     clip_box,
 )
+from serve_app.contract.document import Region
 
 if TYPE_CHECKING:
     import numpy as np

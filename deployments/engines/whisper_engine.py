@@ -29,8 +29,8 @@ from deployments.engines.audio_base import (
     TranscriptionEngine,
     TranscriptionEngineInfo,
     TranscriptionOptions,
-    TranscriptSegment,
 )
+from serve_app.contract.audio import TranscriptSegment
 from serve_app.contract.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)

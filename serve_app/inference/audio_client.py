@@ -11,15 +11,15 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
-from deployments.audio_protocol import (
+from deployments.speech_head import SpeechHeadCore
+from deployments.transcription_head import TranscriptionHeadCore
+from serve_app.catalog.config import CatalogModel
+from serve_app.contract.audio import (
     SpeechHeadReply,
     SpeechHeadRequest,
     TranscriptionHeadReply,
     TranscriptionHeadRequest,
 )
-from deployments.speech_head import SpeechHeadCore
-from deployments.transcription_head import TranscriptionHeadCore
-from serve_app.catalog.config import CatalogModel
 from serve_app.protocol.errors import GatewayError, ModelUnavailableError, UpstreamError
 
 logger = logging.getLogger(__name__)

@@ -18,17 +18,19 @@ from typing import Any, TypeVar
 from fastapi import Response, UploadFile
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from deployments.audio_protocol import (
-    SpeechHeadRequest,
-    SpeechHeadResult,
-    TranscriptionHeadRequest,
-    TranscriptionHeadResult,
-)
-from deployments.engines.audio_base import DEFAULT_VOICE, SPEC_VOICES, sniff_container
 from serve_app.auth.principal import Principal
 from serve_app.billing.records import UsageQuantities
 from serve_app.catalog.catalog import Catalog
 from serve_app.catalog.config import CatalogModel
+from serve_app.contract.audio import (
+    DEFAULT_VOICE,
+    SPEC_VOICES,
+    SpeechHeadRequest,
+    SpeechHeadResult,
+    TranscriptionHeadRequest,
+    TranscriptionHeadResult,
+    sniff_container,
+)
 from serve_app.contract.errors import HeadFailure
 from serve_app.inference.audio_client import SpeechClient, TranscriptionClient
 from serve_app.inference.metering import Metering, RequestMeta

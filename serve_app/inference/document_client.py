@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from deployments.document_head import DetectHeadCore, ParseHeadCore
-from deployments.document_protocol import (
+from serve_app.catalog.config import CatalogModel
+from serve_app.contract.document import (
     DetectHeadReply,
     DetectHeadRequest,
     ParseHeadReply,
     ParseHeadRequest,
 )
-from serve_app.catalog.config import CatalogModel
 from serve_app.contract.errors import HeadFailure
 from serve_app.inference.audio_client import RayAudioClient
 

@@ -23,17 +23,18 @@ from typing import Any, TypeVar
 
 from fastapi.responses import JSONResponse
 
-from deployments.document_protocol import (
-    DetectHeadRequest,
-    DetectHeadResult,
-    ParseHeadRequest,
-    ParseHeadResult,
-)
-from deployments.engines.document_base import MAX_IMAGE_PIXELS, too_many_pixels
 from serve_app.auth.principal import Principal
 from serve_app.billing.records import UsageQuantities
 from serve_app.catalog.catalog import Catalog
 from serve_app.catalog.config import CatalogModel
+from serve_app.contract.document import (
+    MAX_IMAGE_PIXELS,
+    DetectHeadRequest,
+    DetectHeadResult,
+    ParseHeadRequest,
+    ParseHeadResult,
+    too_many_pixels,
+)
 from serve_app.contract.errors import HeadFailure
 from serve_app.inference.document_client import DocumentClient
 from serve_app.inference.images import ImagePolicy, check_image_bytes

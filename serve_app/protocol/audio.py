@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from deployments.engines.audio_base import DEFAULT_VOICE, SPEC_VOICES
+from serve_app.contract.audio import DEFAULT_VOICE, SPEC_VOICES
 
 MAX_SPEECH_INPUT_CHARS = 4096
 """Spec 8: speech ``input`` is at most 4096 characters (code points, tags included)."""

@@ -17,7 +17,6 @@ import numpy as np
 import numpy.typing as npt
 
 from deployments.engines.audio_base import (
-    SPEC_VOICES,
     SpeechEngine,
     SpeechEngineInfo,
     SynthesizedAudio,
@@ -25,12 +24,12 @@ from deployments.engines.audio_base import (
     TranscriptionEngine,
     TranscriptionEngineInfo,
     TranscriptionOptions,
-    TranscriptSegment,
 )
 from deployments.engines.audio_factory import (
     register_speech_backend,
     register_transcription_backend,
 )
+from serve_app.contract.audio import SPEC_VOICES, TranscriptSegment
 
 SCRIPTED_RATE = 16_000
 

@@ -9,7 +9,7 @@ import wave
 import numpy as np
 import pytest
 
-from deployments.engines.audio_base import sniff_container, strip_emotion_tags
+from deployments.engines.audio_base import strip_emotion_tags
 from deployments.engines.audio_io import decode_audio, encode_wav, resample, to_wire_wav
 from deployments.engines.orpheus_engine import (
     custom_token_numbers,
@@ -17,6 +17,7 @@ from deployments.engines.orpheus_engine import (
     snac_layers,
     split_text,
 )
+from serve_app.contract.audio import sniff_container
 from serve_app.protocol.errors import InvalidRequestError
 from tests.fixtures.audio_files import ENCODINGS, encode, silent_wav_of_size, tone
 

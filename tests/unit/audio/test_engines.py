@@ -9,15 +9,16 @@ import wave
 import numpy as np
 import pytest
 
-from deployments.audio_protocol import (
+from deployments.speech_head import SpeechHeadCore
+from deployments.transcription_head import TranscriptionHeadCore
+from serve_app.contract.audio import (
+    SPEC_VOICES,
     SpeechHeadRequest,
     SpeechHeadResult,
     TranscriptionHeadRequest,
     TranscriptionHeadResult,
+    sniff_container,
 )
-from deployments.engines.audio_base import SPEC_VOICES, sniff_container
-from deployments.speech_head import SpeechHeadCore
-from deployments.transcription_head import TranscriptionHeadCore
 from serve_app.contract.errors import HeadFailure
 from tests.fixtures.audio_files import ENCODINGS, encode
 

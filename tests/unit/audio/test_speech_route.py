@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from deployments.engines.audio_base import SPEC_VOICES
+from serve_app.contract.audio import SPEC_VOICES
 from tests.fixtures.gateway import GatewayHarness
 from tests.unit.audio.conftest import PIPER, AudioFactory, ledger_records
 

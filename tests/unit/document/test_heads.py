@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from deployments.document_protocol import (
+from serve_app.contract.document import (
     DetectHeadReply,
     DetectHeadRequest,
     ParseHeadReply,

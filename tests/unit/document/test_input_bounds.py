@@ -15,10 +15,10 @@ import numpy as np
 from PIL import Image
 
 from deployments.document_head import DetectHeadCore
-from deployments.document_protocol import DetectHeadRequest, DetectHeadResult
-from deployments.engines.document_base import DetectEngine, Region
+from deployments.engines.document_base import DetectEngine
 from deployments.engines.hf_document_engines import local_font, render_header
 from deployments.engines.rapid_engines import MAX_ASPECT, bounded_aspect
+from serve_app.contract.document import DetectHeadRequest, DetectHeadResult, Region
 from tests.fixtures.gateway import GatewayHarness
 from tests.unit.document.conftest import b64, page_with_table, png
 
