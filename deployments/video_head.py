@@ -18,8 +18,13 @@ With nothing queued the loop sleeps until a ``wake`` or ``poll_interval_s``
 (so jobs queued while no head ran, or whose poke was lost, are still found),
 and fails its model's running jobs whose heartbeat went stale: a replica that
 died mid-job cannot leave the job "running" forever. Every state change is a
-conditional statement of ``serve_app.jobs.store.JobStore``, so any number of
-replicas and gateway replicas can act at once.
+conditional statement of the job store, so any number of replicas and gateway
+replicas can act at once.
+
+The worker knows its stores only as the contract's ``VideoJobStore`` and
+``VideoObjectStore`` (``serve_app.contract.video``): the gateway's builder passes
+``VideoHead`` a factory that opens the concrete ones (its ``JobStore`` and object
+store, from the ``GATEWAY_*`` environment) inside the replica.
 
 ``VideoHeadCore`` is plain async Python (the gateway's tests run it in-process,
 ``run_once`` drives it step by step); ``VideoHead`` is the thin Serve wrapper.
@@ -36,7 +41,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Generic
 
 from ray import serve
 
@@ -49,9 +54,12 @@ from deployments.engines.video_base import (
 )
 from deployments.replica_logging import configure_replica_logging
 from serve_app.contract.errors import GatewayError
-from serve_app.jobs.records import VideoJob
-from serve_app.jobs.store import JobStore
-from serve_app.storage.objects import ObjectStore
+from serve_app.contract.video import (
+    JobT,
+    VideoJobStore,
+    VideoObjectStore,
+    VideoStoresFactory,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -74,15 +82,15 @@ def object_key(job_id: str) -> str:
     return f"videos/{job_id}.mp4"
 
 
-class VideoHeadCore:
-    """The worker loop around one ``VideoEngine``."""
+class VideoHeadCore(Generic[JobT]):
+    """The worker loop around one ``VideoEngine``; ``JobT`` is the job type of ``jobs``."""
 
     def __init__(
         self,
         model_id: str,
         engine: VideoEngine,
-        jobs: JobStore,
-        objects: ObjectStore,
+        jobs: VideoJobStore[JobT],
+        objects: VideoObjectStore,
         options: VideoWorkerOptions | None = None,
     ) -> None:
         self.model_id = model_id
@@ -148,7 +156,7 @@ class VideoHeadCore:
         await self.run_job(job)
         return True
 
-    async def run_job(self, job: VideoJob) -> None:
+    async def run_job(self, job: JobT) -> None:
         """Render, encode, upload and finish one claimed job; never raises."""
         stop = threading.Event()
         beat = asyncio.get_running_loop().create_task(self._heartbeat(job.id, stop))
@@ -172,7 +180,7 @@ class VideoHeadCore:
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
 
-    async def _render_and_store(self, job: VideoJob, stop: threading.Event, started: float) -> None:
+    async def _render_and_store(self, job: JobT, stop: threading.Event, started: float) -> None:
         if self.info is None:
             raise RuntimeError("the video engine was not started")
         params = resolve_params(job.request(), self.info)
@@ -211,7 +219,7 @@ class VideoHeadCore:
             if not alive:
                 stop.set()
 
-    async def _fail(self, job: VideoJob, message: str) -> None:
+    async def _fail(self, job: JobT, message: str) -> None:
         try:
             await asyncio.to_thread(self.jobs.fail, job.id, self.worker_id, message)
         except Exception:  # the job then goes stale and is failed by reconciliation
@@ -227,24 +235,21 @@ class VideoHead:
         model_id: str,
         backend: str,
         engine_config: dict[str, Any],
-        options: dict[str, Any] | None = None,
+        options: dict[str, Any] | None,
+        open_stores: VideoStoresFactory,
     ) -> None:
         configure_replica_logging()
         from deployments.engines.video_factory import build_video_engine
-        from serve_app.settings import get_settings
-        from serve_app.storage.db import Database
-        from serve_app.storage.objects import build_object_store
 
-        # Database and object store come from the same GATEWAY_* environment as the
-        # gateway's (inherited from the driver, or the application's runtime_env).
-        settings = get_settings()
-        database = Database.from_settings(settings)
-        await asyncio.to_thread(database.migrate)
-        self.core = VideoHeadCore(
+        # The builder's factory opens the gateway's own job and object stores here, in
+        # the replica (blocking: it migrates the database), from the same GATEWAY_*
+        # environment as the gateway's (inherited from the driver, or the runtime_env).
+        jobs, objects = await asyncio.to_thread(open_stores)
+        self.core: VideoHeadCore[Any] = VideoHeadCore(
             model_id,
             build_video_engine(backend, engine_config),
-            JobStore(database),
-            build_object_store(settings),
+            jobs,
+            objects,
             VideoWorkerOptions.from_mapping(options or {}),
         )
         info = await self.core.start()

@@ -24,6 +24,7 @@ from deployments.video_head import VideoHead
 from serve_app.catalog.config import CatalogModel
 from serve_app.config import GatewayAppArgs, ToolRunnerOptions
 from serve_app.ingress.deployment import Gateway
+from serve_app.jobs.store import open_worker_stores
 from serve_app.settings import GatewaySettings, require_production_ready
 
 logger = logging.getLogger(__name__)
@@ -80,7 +81,13 @@ def head_application(
     if model.head == "chat":
         return head.bind(model.id, model.engine.backend, model.engine.config, spec.stream_batch_ms)
     if model.head == "video":  # the worker's pacing must agree with the gateway's
-        return head.bind(model.id, model.engine.backend, model.engine.config, video_options or {})
+        return head.bind(
+            model.id,
+            model.engine.backend,
+            model.engine.config,
+            video_options or {},
+            open_worker_stores,
+        )
     return head.bind(model.id, model.engine.backend, model.engine.config)
 
 

@@ -32,12 +32,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.engines.video_base import (
-    MAX_FPS,
-    MAX_HEIGHT,
-    MAX_INFERENCE_STEPS,
-    MAX_NUM_FRAMES,
-    MAX_WIDTH,
-    MIN_FPS,
     GeneratedVideo,
     GenerationCancelled,
     StopCheck,
@@ -46,6 +40,14 @@ from deployments.engines.video_base import (
     VideoEngineInfo,
     VideoLimits,
     VideoParams,
+)
+from serve_app.contract.video import (
+    MAX_FPS,
+    MAX_HEIGHT,
+    MAX_INFERENCE_STEPS,
+    MAX_NUM_FRAMES,
+    MAX_WIDTH,
+    MIN_FPS,
 )
 
 logger = logging.getLogger(__name__)

@@ -24,40 +24,29 @@ Contract (read this before writing a backend):
 6. Caller mistakes raise ``InvalidRequestError``; anything else raises and the
    head marks the job failed with the error's text.
 
-This module has no heavy imports (numpy only for type checking), so the
-gateway can import ``round_num_frames`` and the dataclasses cheaply.
+The spec's bounds, ``round_num_frames`` and ``VideoRequest`` (which the gateway
+needs as well) live in ``serve_app.contract.video``.
 """
 
 from __future__ import annotations
 
 import abc
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from serve_app.contract.video import (
+    FRAME_BLOCK,
+    MAX_HEIGHT,
+    MAX_INFERENCE_STEPS,
+    MAX_NUM_FRAMES,
+    MAX_WIDTH,
+    VideoRequest,
+)
+
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
-
-MAX_WIDTH = 704
-MAX_HEIGHT = 480
-MAX_NUM_FRAMES = 161
-MAX_INFERENCE_STEPS = 50
-MIN_FPS, MAX_FPS = 8, 30
-FRAME_BLOCK = 8
-"""Spec 4.6: ``num_frames`` is a multiple of 8 plus 1 (LTX-Video's latent frames)."""
-
-
-def round_num_frames(requested: int) -> int:
-    """The nearest ``8k + 1`` to ``requested``, halves rounded up, within 1..161.
-
-    Nearest (not always up) so that a value already close to a valid count
-    changes the least; 161 is itself ``8 * 20 + 1``, so no accepted request is
-    ever rounded above the spec's maximum.
-    """
-    k = math.floor((max(1, requested) - 1) / FRAME_BLOCK + 0.5)
-    return min(MAX_NUM_FRAMES, FRAME_BLOCK * k + 1)
 
 
 class GenerationCancelled(Exception):
@@ -98,20 +87,6 @@ class VideoEngineInfo:
     limits: VideoLimits
     size_multiple: int
     """Width and height must be multiples of this (latent downscale x patch size)."""
-
-
-@dataclass(frozen=True)
-class VideoRequest:
-    """A job's parameters as the caller gave them (``None``: omitted)."""
-
-    prompt: str
-    negative_prompt: str | None
-    seed: int
-    width: int | None = None
-    height: int | None = None
-    num_frames: int | None = None
-    fps: int | None = None
-    num_inference_steps: int | None = None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ import asyncio
 import logging
 from typing import Any, Protocol
 
-from deployments.video_head import VideoHeadCore
 from serve_app.catalog.config import CatalogModel
 
 logger = logging.getLogger(__name__)
@@ -23,10 +22,16 @@ class VideoHeadClient(Protocol):
     async def wake(self) -> None: ...
 
 
+class LocalWorker(Protocol):
+    """A video head's worker in this process (``deployments.video_head.VideoHeadCore``)."""
+
+    def wake(self) -> None: ...
+
+
 class LocalVideoClient:
     """Pokes a ``VideoHeadCore`` in this process (unit tests)."""
 
-    def __init__(self, core: VideoHeadCore) -> None:
+    def __init__(self, core: LocalWorker) -> None:
         self.core = core
 
     async def wake(self) -> None:

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from deployments.engines.video_base import VideoRequest
 from serve_app.billing.pricing import build_record
 from serve_app.billing.records import UsageQuantities, UsageRecord
 from serve_app.catalog.config import PricingConfig
+from serve_app.contract.video import VideoRequest
 
 QUEUED, RUNNING, COMPLETED, FAILED, CANCELLED = (
     "queued",

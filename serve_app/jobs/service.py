@@ -28,11 +28,11 @@ from pathlib import Path
 
 from fastapi.responses import JSONResponse
 
-from deployments.engines.video_base import round_num_frames
 from serve_app.auth.principal import Principal
 from serve_app.catalog.catalog import Catalog
 from serve_app.catalog.config import CatalogModel
 from serve_app.config import VideoOptions
+from serve_app.contract.video import round_num_frames
 from serve_app.inference.metering import Metering, RequestMeta
 from serve_app.inference.readiness import HeadReadiness
 from serve_app.inference.unit_metering import UnitMetering

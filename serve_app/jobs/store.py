@@ -33,6 +33,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from serve_app.billing.store import LedgerStore
+from serve_app.contract.video import VideoJobStore, VideoObjectStore
 from serve_app.jobs.records import (
     CANCELLED,
     COMPLETED,
@@ -43,8 +44,10 @@ from serve_app.jobs.records import (
     VideoJob,
     usage_record,
 )
+from serve_app.settings import get_settings
 from serve_app.storage.db import Database
 from serve_app.storage.migrations import SQLITE_BEGIN_OPTION
+from serve_app.storage.objects import build_object_store
 from serve_app.storage.schema import utcnow, video_jobs
 
 _PG_USER_LOCK_CLASS = 61_803_398
@@ -255,3 +258,17 @@ class JobStore:
             return int(
                 conn.execute(query.values(status=FAILED, error=message, finished_at=now)).rowcount
             )
+
+
+def open_worker_stores() -> tuple[VideoJobStore[VideoJob], VideoObjectStore]:
+    """A video head replica's job store (database migrated) and object store.
+
+    The builder hands this function (not its result) to ``VideoHead``, which calls
+    it in its replica: the stores come from the same ``GATEWAY_*`` environment as
+    the gateway's, and ``deployments`` never imports this package. The return type
+    is the contract's, so mypy checks that these stores offer what the worker calls.
+    """
+    settings = get_settings()
+    database = Database.from_settings(settings)
+    database.migrate()
+    return JobStore(database), build_object_store(settings)

@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from deployments.engines.video_base import (
+from serve_app.contract.video import (
     MAX_FPS,
     MAX_HEIGHT,
     MAX_INFERENCE_STEPS,

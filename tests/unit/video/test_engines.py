@@ -12,15 +12,11 @@ import yaml
 from deployments.engines.diffusers_video import DiffusersVideoConfig, LtxVideoConfig
 from deployments.engines.mp4 import encode_mp4
 from deployments.engines.tiny_video_model import ensure_tiny_wan
-from deployments.engines.video_base import (
-    GenerationCancelled,
-    VideoEngine,
-    VideoRequest,
-    resolve_params,
-)
+from deployments.engines.video_base import GenerationCancelled, VideoEngine, resolve_params
 from deployments.engines.video_factory import build_video_engine
 from serve_app.catalog.config import CatalogModel
 from serve_app.config import REPO_ROOT
+from serve_app.contract.video import VideoRequest
 from tests.unit.video.conftest import Mp4Facts, RigFactory, mp4_facts
 
 

@@ -10,10 +10,9 @@ from deployments.engines.video_base import (
     VideoDefaults,
     VideoEngineInfo,
     VideoLimits,
-    VideoRequest,
     resolve_params,
-    round_num_frames,
 )
+from serve_app.contract.video import VideoRequest, round_num_frames
 from tests.unit.video.conftest import UNSERVED, VIDEO, VideoRig
 
 BASE = {"model": VIDEO, "prompt": "a cat"}
