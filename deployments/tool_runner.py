@@ -21,7 +21,7 @@ from ray import serve
 
 from deployments.replica_logging import configure_replica_logging
 from deployments.sandbox.bwrap import BwrapSandbox, CodeRun, SandboxUnavailableError
-from deployments.sandbox.options import CodeInterpreterOptions
+from serve_app.contract.sandbox import CodeInterpreterOptions
 
 logger = logging.getLogger(__name__)
 

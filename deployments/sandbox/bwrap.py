@@ -38,7 +38,7 @@ from typing import Any
 
 from deployments.sandbox.cgroup import RunCgroup, RunCgroups
 from deployments.sandbox.network import SETUP_TIMEOUT_S, SandboxNetwork, StartupSync
-from deployments.sandbox.options import CodeInterpreterOptions
+from serve_app.contract.sandbox import CodeInterpreterOptions
 
 logger = logging.getLogger(__name__)
 

@@ -11,9 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from deployments.sandbox.options import CodeInterpreterOptions
-
-__all__ = ["CodeInterpreterOptions", "ToolsOptions", "WebFetchOptions", "WebSearchOptions"]
+from serve_app.contract.sandbox import CodeInterpreterOptions
 
 
 class _Strict(BaseModel):

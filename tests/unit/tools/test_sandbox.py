@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from serve_app.tools.config import CodeInterpreterOptions
+from serve_app.contract.sandbox import CodeInterpreterOptions
 from serve_app.tools.sandbox import BwrapSandbox
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing")

@@ -1,8 +1,8 @@
 """Settings of the code_interpreter sandbox (``tools.code_interpreter`` of the Serve args).
 
-They live next to the sandbox, not in the gateway's config package, because the tool-runner
-deployment validates them in its own replica and ``deployments/`` imports no ``serve_app``;
-``serve_app.tools.config`` re-exports the class for the gateway's ``ToolsOptions``.
+Both sides read them: the gateway validates them as part of its ``ToolsOptions``
+(``serve_app.tools.config``), and the tool-runner deployment validates them again in
+its own replica (``deployments.sandbox``), where they arrive as a plain dict.
 """
 
 from __future__ import annotations
