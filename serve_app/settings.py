@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-DEFAULT_STATE_DIR = Path.home() / ".local" / "share" / "inference-gateway"
+from serve_app.contract.paths import DEFAULT_STATE_DIR
 
 
 class GatewaySettings(BaseSettings):
@@ -96,7 +96,8 @@ class GatewaySettings(BaseSettings):
     )
 
     def resolved_models_dir(self) -> Path:
-        """Where prepared and locally built models are cached."""
+        """Where prepared and locally built models are cached (heads find the same folder
+        with ``serve_app.contract.paths.models_dir_from_environment``)."""
         return self.models_dir or self.state_dir / "models"
 
     def resolved_objects_dir(self) -> Path:

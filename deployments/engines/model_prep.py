@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from deployments.engines.vllm_config import PREPARED_PREFIX
+from serve_app.contract.paths import models_dir_from_environment
 
 logger = logging.getLogger(__name__)
 
@@ -121,10 +122,13 @@ RECIPES: dict[str, PackagedGguf] = {recipe.name: recipe for recipe in (SMOLLM2, 
 
 
 def default_models_dir() -> Path:
-    """``GATEWAY_MODELS_DIR`` (default ``<state_dir>/models``): the prepared-model cache."""
-    from serve_app.settings import GatewaySettings
+    """``GATEWAY_MODELS_DIR`` (default ``<state_dir>/models``): the prepared-model cache.
 
-    return GatewaySettings().resolved_models_dir()
+    Where no caller names a folder (a head replica resolving ``prepared:<name>``), the
+    environment decides, as it does for the gateway; the gateway's own callers pass
+    the folder from its settings.
+    """
+    return models_dir_from_environment()
 
 
 def find_packaged_file(package: str, suffix: str) -> PackagedFile:

@@ -90,7 +90,7 @@ def _prepare(args: argparse.Namespace, settings: GatewaySettings) -> int:
     from deployments.engines.model_prep import ensure_model
 
     _progress_logging()
-    path = ensure_model(args.name)
+    path = ensure_model(args.name, settings.resolved_models_dir() / args.name)
     print(path)
     return 0
 
@@ -161,13 +161,13 @@ def _run(args: argparse.Namespace, settings: GatewaySettings) -> int:
         _step(f"preparing model {name}")
         from deployments.engines.model_prep import ensure_model
 
-        ensure_model(name)
+        ensure_model(name, settings.resolved_models_dir() / name)
     for ref, models_dir in tiny_video_models(serve_config):
         # Built here, in the foreground, so its progress shows (a head would build it silently).
         _step(f"preparing video model {ref}")
         from deployments.engines.tiny_video_model import resolve_tiny_video
 
-        resolve_tiny_video(ref, Path(models_dir) if models_dir else None)
+        resolve_tiny_video(ref, Path(models_dir) if models_dir else settings.resolved_models_dir())
     _step(f"database: {settings.resolved_database_url().split('@')[-1]}")
     from serve_app.storage.db import Database
 
