@@ -1,0 +1,205 @@
+"""Dependencies point one way (ARCHITECTURE.md, "Boundaries"); this test holds them there.
+
+Every ``.py`` file of ``serve_app`` and ``deployments`` is parsed (never imported)
+and every import in it is checked: module level, inside functions and
+``TYPE_CHECKING`` blocks, ``import x``, ``from x import y``, relative imports,
+and ``importlib.import_module("literal")``. A failure lists each offending
+``file:line``. The rules:
+
+- the heads (``deployments``) reach the gateway only through ``serve_app.contract``;
+- ``serve_app.contract`` imports neither the rest of ``serve_app`` nor ``deployments``;
+- ``serve_app.protocol`` (wire formats) imports nothing from ``deployments``;
+- the foundations (auth, limits, billing, storage, catalog) import no service,
+  route or ingress module, and no head;
+- ``serve_app.routes`` is the top: only the ingress (which assembles the app) imports it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("serve_app", "deployments")
+
+FOUNDATIONS = ("auth", "limits", "billing", "storage", "catalog")
+ABOVE_FOUNDATIONS = (
+    "routes",
+    "ingress",
+    "inference",
+    "jobs",
+    "tools",
+    "dedicated",
+    "builders",
+    "cli",
+    "config",
+)
+
+
+def _within(module: str, *packages: str) -> bool:
+    """Whether ``module`` is one of ``packages`` or inside one of them."""
+    return any(module == p or module.startswith(f"{p}.") for p in packages)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    applies_to: Callable[[str], bool]
+    """Takes the importing module's dotted name."""
+    forbids: Callable[[str], bool]
+    """Takes the imported dotted name (``from a import b`` is ``a.b``)."""
+
+
+RULES = (
+    Rule(
+        "deployments reach the gateway only through serve_app.contract",
+        lambda src: _within(src, "deployments"),
+        lambda dst: _within(dst, "serve_app") and not _within(dst, "serve_app.contract"),
+    ),
+    Rule(
+        "serve_app.contract imports neither the rest of serve_app nor deployments",
+        lambda src: _within(src, "serve_app.contract"),
+        lambda dst: (
+            _within(dst, "deployments")
+            or (_within(dst, "serve_app") and not _within(dst, "serve_app.contract"))
+        ),
+    ),
+    Rule(
+        "serve_app.protocol imports nothing from deployments",
+        lambda src: _within(src, "serve_app.protocol"),
+        lambda dst: _within(dst, "deployments"),
+    ),
+    Rule(
+        "foundations (auth, limits, billing, storage, catalog) import no upper layer or head",
+        lambda src: _within(src, *(f"serve_app.{p}" for p in FOUNDATIONS)),
+        lambda dst: _within(dst, "deployments", *(f"serve_app.{p}" for p in ABOVE_FOUNDATIONS)),
+    ),
+    Rule(
+        "only the ingress imports serve_app.routes",
+        lambda src: not _within(src, "serve_app.routes", "serve_app.ingress"),
+        lambda dst: _within(dst, "serve_app.routes"),
+    ),
+)
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_names(tree: ast.AST, module: str, is_package: bool) -> Iterator[tuple[int, str]]:
+    """``(line, dotted name)`` of every import in ``tree``, wherever it sits."""
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                if alias.name == "*":
+                    yield node.lineno, base
+                else:
+                    yield node.lineno, f"{base}.{alias.name}" if base else alias.name
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute | ast.Name)
+            and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id)
+            in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            yield node.lineno, node.args[0].value
+
+
+def violations(root: Path) -> list[str]:
+    """``file:line: rule: imported name`` for every import that breaks a rule under ``root``."""
+    found: list[str] = []
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            module = module_name(path, root)
+            rules = [rule for rule in RULES if rule.applies_to(module)]
+            if not rules:
+                continue
+            tree = ast.parse(path.read_text(), filename=str(path))
+            is_package = path.name == "__init__.py"
+            for line, name in imported_names(tree, module, is_package):
+                for rule in rules:
+                    if rule.forbids(name):
+                        found.append(f"{path.relative_to(root)}:{line}: {rule.name}: {name}")
+    return found
+
+
+def test_imports_point_one_way() -> None:
+    assert (REPO_ROOT / "deployments" / "video_head.py").is_file()  # the real tree is scanned
+    found = violations(REPO_ROOT)
+    assert not found, "imports against the layering:\n" + "\n".join(found)
+
+
+UPWARD = {
+    "deployments/head.py": "def f():\n    from serve_app.jobs.store import JobStore\n",
+    "deployments/engines/x.py": "import serve_app.settings\n",
+    "deployments/engines/y.py": "from serve_app import settings\n",
+    "deployments/engines/z.py": "import importlib\nimportlib.import_module('serve_app.storage')\n",
+    "serve_app/contract/a.py": "from typing import TYPE_CHECKING\n"
+    "if TYPE_CHECKING:\n    from deployments.engines.base import TextEngine\n",
+    "serve_app/contract/b.py": "from ..settings import get_settings\n",
+    "serve_app/protocol/c.py": "from deployments.engines import video_base\n",
+    "serve_app/billing/d.py": "from serve_app.inference.metering import MeteredRequest\n",
+    "serve_app/storage/__init__.py": "from . import x\nfrom ..routes import chat\n",
+    "serve_app/inference/e.py": "from serve_app.routes.chat import router\n",
+}
+ALLOWED = {
+    "deployments/ok.py": "from serve_app.contract.text import TextDelta\n"
+    "from serve_app import contract\nimport serve_app.contract.errors\n",
+    "serve_app/contract/ok.py": "from serve_app.contract.errors import HeadFailure\n"
+    "from .errors import GatewayError\nimport pydantic\n",
+    "serve_app/routes/ok.py": "from serve_app.inference.metering import MeteredRequest\n",
+    "serve_app/ingress/ok.py": "from serve_app.routes import chat\n",
+    "serve_app/billing/ok.py": "from serve_app.storage.db import Database\n"
+    "from serve_app.catalog.config import PricingConfig\n",
+}
+
+
+@pytest.mark.parametrize(
+    "files, expected",
+    [
+        pytest.param(
+            UPWARD,
+            [
+                "deployments/engines/x.py:1",
+                "deployments/engines/y.py:1",
+                "deployments/engines/z.py:2",
+                "deployments/head.py:2",
+                "serve_app/billing/d.py:1",
+                "serve_app/contract/a.py:3",
+                "serve_app/contract/b.py:1",
+                "serve_app/inference/e.py:1",
+                "serve_app/protocol/c.py:1",
+                "serve_app/storage/__init__.py:2",  # a foundation importing routes,
+                "serve_app/storage/__init__.py:2",  # and a module besides the ingress
+            ],
+            id="upward imports",
+        ),
+        pytest.param(ALLOWED, [], id="allowed imports"),
+    ],
+)
+def test_the_checker_reports_each_upward_import_by_file_and_line(
+    tmp_path: Path, files: dict[str, str], expected: list[str]
+) -> None:
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    found = violations(tmp_path)
+    assert sorted(v.split(": ")[0] for v in found) == expected, found
