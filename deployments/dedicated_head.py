@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from ray import serve
@@ -24,28 +23,10 @@ from ray import serve
 from deployments.chat_head import ChatHeadCore
 from deployments.replica_logging import configure_replica_logging
 from deployments.stream_batching import coalesce
+from serve_app.contract.dedicated import ReplicaStats, ServedBy
 from serve_app.contract.text import GenerationDone, HeadEvent, HeadRequest
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ServedBy:
-    """First item of every dedicated stream: the replica that took the call."""
-
-    replica_id: str
-
-
-@dataclass
-class ReplicaStats:
-    """One replica's counters, sampled for ``GET /api/dedicated/{id}/health``."""
-
-    replica_id: str
-    age_s: float
-    tokens: int
-    calls: int
-    running: int
-    waiting: int | None
 
 
 def queue_split(in_flight: int, max_num_seqs: int | None) -> tuple[int, int | None]:

@@ -7,31 +7,27 @@ cpu-tools nodes offer the ``tool_runner_host`` resource the production config as
 each with the CPUs its ``ray_actor_options`` reserve, and scale apart from the ingress. The
 gateway calls ``run`` through a handle (``serve_app.tools.sandbox.RemoteSandbox``).
 
-A missing bubblewrap is an answer, not an exception: ``RunnerReply.unavailable`` carries the
-reason, so the request's tool call fails cleanly (spec 2.10) instead of surfacing a Ray error.
+A missing bubblewrap is an answer, not an exception: ``RunnerReply.unavailable`` (in
+``serve_app.contract.sandbox``, as it crosses the handle) carries the reason, so the
+request's tool call fails cleanly (spec 2.10) instead of surfacing a Ray error.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from ray import serve
 
 from deployments.replica_logging import configure_replica_logging
-from deployments.sandbox.bwrap import BwrapSandbox, CodeRun, SandboxUnavailableError
-from serve_app.contract.sandbox import CodeInterpreterOptions
+from deployments.sandbox.bwrap import BwrapSandbox
+from serve_app.contract.sandbox import (
+    CodeInterpreterOptions,
+    RunnerReply,
+    SandboxUnavailableError,
+)
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RunnerReply:
-    """One run's result, or why no sandbox could run it."""
-
-    run: CodeRun | None = None
-    unavailable: str | None = None
 
 
 class ToolRunnerCore:

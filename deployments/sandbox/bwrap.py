@@ -32,13 +32,17 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from deployments.sandbox.cgroup import RunCgroup, RunCgroups
-from deployments.sandbox.network import SETUP_TIMEOUT_S, SandboxNetwork, StartupSync
-from serve_app.contract.sandbox import CodeInterpreterOptions
+from deployments.sandbox.network import SandboxNetwork, StartupSync
+from serve_app.contract.sandbox import (
+    SETUP_TIMEOUT_S,
+    CodeInterpreterOptions,
+    CodeRun,
+    SandboxUnavailableError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -56,35 +60,6 @@ sys.argv = ["main.py"]
 sys.path.insert(0, "/job")
 runpy.run_path("/job/main.py", run_name="__main__")
 """
-
-
-@dataclass
-class CodeRun:
-    """What one run produced; ``timed_out`` runs are still completed runs."""
-
-    stdout: str
-    stderr: str
-    exit_code: int | None
-    timed_out: bool
-    seconds: float
-    memory_killed: bool = False
-
-    def text_for_model(self) -> str:
-        status = f"exit_code: {self.exit_code}"
-        if self.timed_out:
-            status += " (killed: time limit)"
-        elif self.memory_killed:
-            status += " (a process was killed: memory limit)"
-        parts = [status]
-        if self.stdout:
-            parts.append("stdout:\n" + self.stdout)
-        if self.stderr:
-            parts.append("stderr:\n" + self.stderr)
-        return "\n".join(parts)
-
-
-class SandboxUnavailableError(RuntimeError):
-    """No isolation mechanism on this machine: code is never run unsandboxed."""
 
 
 class _CappedReader:

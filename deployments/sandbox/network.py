@@ -24,6 +24,8 @@ import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from serve_app.contract.sandbox import SETUP_TIMEOUT_S
+
 logger = logging.getLogger(__name__)
 
 SLIRP_DNS = "10.0.2.3"
@@ -39,7 +41,6 @@ BLOCKED_RANGES = (
     "224.0.0.0/4",
     "240.0.0.0/4",
 )
-SETUP_TIMEOUT_S = 10.0
 
 
 class StartupSync:

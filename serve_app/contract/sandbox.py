@@ -1,15 +1,61 @@
-"""Settings of the code_interpreter sandbox (``tools.code_interpreter`` of the Serve args).
+"""The code_interpreter sandbox as both sides see it: its settings and what a run returns.
 
-Both sides read them: the gateway validates them as part of its ``ToolsOptions``
-(``serve_app.tools.config``), and the tool-runner deployment validates them again in
-its own replica (``deployments.sandbox``), where they arrive as a plain dict.
+Both sides read the settings (``tools.code_interpreter`` of the Serve args): the
+gateway validates them as part of its ``ToolsOptions`` (``serve_app.tools.config``),
+and the tool-runner deployment validates them again in its own replica
+(``deployments.sandbox``), where they arrive as a plain dict. A run's result
+(``CodeRun``) and the runner's reply (``RunnerReply``) cross the tool runner's
+DeploymentHandle; ``SandboxUnavailableError`` is how either side says no sandbox
+could run the code; ``SETUP_TIMEOUT_S`` bounds a sandbox's set-up, which the
+gateway's handle waits beyond.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+SETUP_TIMEOUT_S = 10.0
+"""Most a sandbox's set-up (network, cgroup) may take before the program starts."""
+
+
+@dataclass
+class CodeRun:
+    """What one run produced; ``timed_out`` runs are still completed runs."""
+
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    timed_out: bool
+    seconds: float
+    memory_killed: bool = False
+
+    def text_for_model(self) -> str:
+        status = f"exit_code: {self.exit_code}"
+        if self.timed_out:
+            status += " (killed: time limit)"
+        elif self.memory_killed:
+            status += " (a process was killed: memory limit)"
+        parts = [status]
+        if self.stdout:
+            parts.append("stdout:\n" + self.stdout)
+        if self.stderr:
+            parts.append("stderr:\n" + self.stderr)
+        return "\n".join(parts)
+
+
+class SandboxUnavailableError(RuntimeError):
+    """No isolation mechanism on this machine: code is never run unsandboxed."""
+
+
+@dataclass(frozen=True)
+class RunnerReply:
+    """One run's result, or why no sandbox could run it (the tool runner's answer)."""
+
+    run: CodeRun | None = None
+    unavailable: str | None = None
 
 
 class CodeInterpreterOptions(BaseModel):

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from deployments.dedicated_head import ReplicaStats
+from serve_app.contract.dedicated import ReplicaStats
 from serve_app.dedicated.options import CapacityClass
 from serve_app.inference.head_client import HeadClient
 

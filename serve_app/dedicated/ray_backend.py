@@ -15,7 +15,7 @@ import logging
 from enum import Enum
 from typing import Any
 
-from deployments.dedicated_head import ReplicaStats
+from serve_app.contract.dedicated import ReplicaStats
 from serve_app.dedicated.backend import AppObservation, AppSpec, ReplicaObservation
 from serve_app.dedicated.policy import BURST, HEAD
 from serve_app.inference.head_client import HeadClient, RayHeadClient

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from deployments.dedicated_head import ServedBy
 from serve_app.auth.principal import Principal
 from serve_app.catalog.config import CatalogModel, PricingConfig
+from serve_app.contract.dedicated import ServedBy
 from serve_app.contract.errors import HeadFailure
 from serve_app.contract.text import GenerationDone, HeadEvent, HeadRequest, TextDelta
 from serve_app.dedicated.alias import app_name_for, is_dedicated_alias, slug_of

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from ray import serve
 
 from deployments.replica_logging import configure_replica_logging
+from deployments.sandbox.bwrap import BwrapSandbox
 from serve_app.auth.accounts import AccountStore
 from serve_app.auth.epoch import EpochWatch
 from serve_app.auth.service import AuthService
@@ -89,7 +90,11 @@ def build_state(
         TimeoutPolicy(**config.timeouts.model_dump()),
         metering,
     )
-    tools = ToolRuntime.from_options(config.tools, settings.state_dir, sandbox)
+    tools = ToolRuntime.from_options(
+        config.tools,
+        settings.state_dir,
+        sandbox=sandbox or BwrapSandbox(config.tools.code_interpreter),
+    )
     return GatewayState(
         catalog=catalog,
         auth=AuthService(

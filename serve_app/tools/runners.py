@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from serve_app.contract.sandbox import CodeRun, SandboxUnavailableError
 from serve_app.contract.text import ToolCallDelta
 from serve_app.tools.citations import SourceList
 from serve_app.tools.config import ToolsOptions
 from serve_app.tools.declarations import CODE_SECONDS_PER_REQUEST, ServerToolPlan
 from serve_app.tools.local_search import LocalSearchProvider
 from serve_app.tools.safe_fetch import FetchError, SafeFetcher
-from serve_app.tools.sandbox import BwrapSandbox, CodeRun, CodeSandbox, SandboxUnavailableError
+from serve_app.tools.sandbox import CodeSandbox
 from serve_app.tools.search import SearchError, SearchProvider, build_search_provider
 from serve_app.tools.webpage import page_text
 
@@ -75,10 +76,12 @@ class ToolRuntime:
         cls,
         options: ToolsOptions,
         state_dir: Path | None = None,
-        sandbox: CodeSandbox | None = None,
+        *,
+        sandbox: CodeSandbox,
     ) -> ToolRuntime:
         """``state_dir``: where the ``local`` search provider finds its index by default;
-        ``sandbox``: the tool-runner deployment's client (None runs code in-process)."""
+        ``sandbox``: the tool-runner deployment's client, or the in-process sandbox
+        (the composition root chooses)."""
         fetch = options.web_fetch
         return cls(
             options=options,
@@ -89,7 +92,7 @@ class ToolRuntime:
                 max_redirects=fetch.max_redirects,
                 allow_private_hosts=fetch.allow_private_hosts,
             ),
-            sandbox=sandbox or BwrapSandbox(options.code_interpreter),
+            sandbox=sandbox,
         )
 
 

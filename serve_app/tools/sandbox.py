@@ -2,9 +2,11 @@
 
 The sandbox itself (bubblewrap, its network and cgroup) lives in ``deployments.sandbox``
 and runs in tool-runner replicas (``deployments.tool_runner``); the ingress reaches it
-through ``RemoteSandbox``. ``BwrapSandbox`` in-process remains for unit tests and for a
-config with ``tool_runner.enabled: false``. Either way a failure to run is a
-``SandboxUnavailableError``, which the tool loop turns into a failed call (spec 2.10).
+through ``RemoteSandbox``. ``deployments.sandbox.bwrap.BwrapSandbox`` in-process remains
+for unit tests and for a config with ``tool_runner.enabled: false``; the composition root
+(``serve_app.composition``) builds it, so the gateway's tools import nothing of the heads.
+Either way a failure to run is a ``SandboxUnavailableError``, which the tool loop turns
+into a failed call (spec 2.10).
 """
 
 from __future__ import annotations
@@ -13,10 +15,7 @@ import asyncio
 import logging
 from typing import Any, Protocol
 
-from deployments.sandbox.bwrap import BwrapSandbox, CodeRun, SandboxUnavailableError
-from deployments.sandbox.network import SETUP_TIMEOUT_S
-
-__all__ = ["BwrapSandbox", "CodeRun", "CodeSandbox", "RemoteSandbox", "SandboxUnavailableError"]
+from serve_app.contract.sandbox import SETUP_TIMEOUT_S, CodeRun, SandboxUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +24,8 @@ HANDLE_MARGIN_S = SETUP_TIMEOUT_S + 15.0
 
 
 class CodeSandbox(Protocol):
+    """A tool-runner handle (``RemoteSandbox``) or an in-process ``BwrapSandbox``."""
+
     async def run(self, code: str, timeout_s: float) -> CodeRun: ...
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.chat_head import ChatHeadCore
-from deployments.dedicated_head import ReplicaStats, ServedBy
+from serve_app.contract.dedicated import ReplicaStats, ServedBy
 from serve_app.contract.text import HeadEvent, HeadRequest
 from serve_app.dedicated.backend import AppObservation, AppSpec, ReplicaObservation
 from tests.fakes.scripted_engine import ScriptedEngine

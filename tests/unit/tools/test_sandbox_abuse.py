@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from deployments.sandbox.bwrap import BwrapSandbox
 from deployments.sandbox.cgroup import RunCgroups
 from serve_app.contract.sandbox import CodeInterpreterOptions
-from serve_app.tools.sandbox import BwrapSandbox
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing")
 

@@ -10,12 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from deployments.sandbox.bwrap import CodeRun
-from deployments.tool_runner import RunnerReply, ToolRunnerCore
+from deployments.tool_runner import ToolRunnerCore
 from serve_app.config import REPO_ROOT
-from serve_app.tools.config import ToolsOptions
-from serve_app.tools.runners import ToolRuntime
-from serve_app.tools.sandbox import BwrapSandbox, RemoteSandbox, SandboxUnavailableError
+from serve_app.contract.sandbox import CodeRun, RunnerReply, SandboxUnavailableError
+from serve_app.tools.sandbox import RemoteSandbox
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing")
 
@@ -81,12 +79,6 @@ async def test_a_runner_that_never_answers_is_cancelled_in_bounded_time() -> Non
     with pytest.raises(SandboxUnavailableError, match="did not answer"):
         await RemoteSandbox(handle, margin_s=0.05).run("print(1)", 0.05)
     assert handle.run.response is not None and handle.run.response.cancelled
-
-
-def test_the_runtime_uses_the_given_sandbox_and_defaults_to_in_process() -> None:
-    remote = RemoteSandbox(_Handle(RunnerReply(run=RUN)))
-    assert ToolRuntime.from_options(ToolsOptions(), sandbox=remote).sandbox is remote
-    assert isinstance(ToolRuntime.from_options(ToolsOptions()).sandbox, BwrapSandbox)
 
 
 @needs_bwrap
