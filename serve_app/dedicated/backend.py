@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from serve_app.contract.dedicated import ReplicaStats
 from serve_app.dedicated.options import CapacityClass
-from serve_app.inference.head_client import HeadClient
+from serve_app.heads.client import HeadClient
 
 BOOTING_STATES = frozenset({"STARTING", "UPDATING", "RECOVERING", "RUNNING", "PENDING_MIGRATION"})
 

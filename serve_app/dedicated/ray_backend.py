@@ -18,7 +18,7 @@ from typing import Any
 from serve_app.contract.dedicated import ReplicaStats
 from serve_app.dedicated.backend import AppObservation, AppSpec, ReplicaObservation
 from serve_app.dedicated.policy import BURST, HEAD
-from serve_app.inference.head_client import HeadClient, RayHeadClient
+from serve_app.heads.client import HeadClient, RayHeadClient
 
 logger = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from serve_app.dedicated.options import DedicatedOptions
 from serve_app.dedicated.policy import BURST, HEAD
 from serve_app.dedicated.store import DedicatedStore, EndpointRow
 from serve_app.dedicated.views import admit_call
-from serve_app.inference.head_client import HeadClient
+from serve_app.heads.client import HeadClient
 from serve_app.protocol.errors import GatewayError, model_not_found
 from serve_app.storage.schema import utcnow
 

@@ -32,7 +32,7 @@ from serve_app.contract.audio import (
     sniff_container,
 )
 from serve_app.contract.errors import HeadFailure
-from serve_app.inference.audio_client import SpeechClient, TranscriptionClient
+from serve_app.heads.client import SpeechClient, TranscriptionClient
 from serve_app.inference.metering import Metering, RequestMeta
 from serve_app.inference.readiness import HeadReadiness
 from serve_app.inference.translate import new_request_id

@@ -36,7 +36,7 @@ from serve_app.contract.document import (
     too_many_pixels,
 )
 from serve_app.contract.errors import HeadFailure
-from serve_app.inference.document_client import DocumentClient
+from serve_app.heads.client import DocumentClient
 from serve_app.inference.images import ImagePolicy, check_image_bytes
 from serve_app.inference.metering import Metering, RequestMeta
 from serve_app.inference.readiness import HeadReadiness

@@ -24,6 +24,7 @@ from serve_app.catalog.catalog import Catalog, residency_routing
 from serve_app.catalog.config import CatalogModel
 from serve_app.contract.errors import HeadFailure
 from serve_app.contract.text import GenerationDone, HeadEvent, HeadRequest, HeadStarted, TextDelta
+from serve_app.heads.client import HeadClient
 from serve_app.inference.assemble import (
     ChatChunker,
     Collected,
@@ -31,7 +32,6 @@ from serve_app.inference.assemble import (
     chat_completion_body,
     completion_body,
 )
-from serve_app.inference.head_client import HeadClient
 from serve_app.inference.images import ImagePolicy
 from serve_app.inference.metering import MeteredRequest, Metering, RequestMeta
 from serve_app.inference.readiness import HeadReadiness

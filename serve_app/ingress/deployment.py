@@ -24,16 +24,17 @@ from serve_app.dedicated.backend import ServeBackend
 from serve_app.dedicated.facade import wire_dedicated
 from serve_app.dedicated.floor import build_floor_counts
 from serve_app.dedicated.ray_backend import RayServeBackend
-from serve_app.inference.audio_client import (
+from serve_app.heads.client import (
+    DocumentClient,
+    HeadClient,
     SpeechClient,
     TranscriptionClient,
-    ray_audio_clients,
+    VideoHeadClient,
+    ray_head_clients,
 )
 from serve_app.inference.audio_service import AudioPolicy, AudioService
-from serve_app.inference.document_client import DocumentClient, ray_document_clients
 from serve_app.inference.document_service import DocumentPolicy, DocumentService
 from serve_app.inference.external import ExternalHeadClient
-from serve_app.inference.head_client import HeadClient, RayHeadClient
 from serve_app.inference.images import ImagePolicy
 from serve_app.inference.metering import build_metering
 from serve_app.inference.readiness import HeadReadiness, serve_status_source
@@ -41,7 +42,6 @@ from serve_app.inference.responses_service import ResponsesService
 from serve_app.inference.text_service import TextService, TimeoutPolicy
 from serve_app.ingress.app import create_app
 from serve_app.ingress.state import GatewayState
-from serve_app.jobs.client import VideoHeadClient, ray_video_clients
 from serve_app.jobs.service import VideoService
 from serve_app.jobs.store import JobStore
 from serve_app.limits.buckets import CounterStore
@@ -155,12 +155,9 @@ class Gateway:
     ) -> None:
         configure_replica_logging()
         config = GatewayAppArgs.model_validate(args)
-        clients: dict[str, HeadClient] = {
-            m.id: RayHeadClient(m.id, heads[m.id])
-            for m in config.catalog
-            if m.id in heads and m.head == "chat"
-        }
-        clients.update({m.id: ExternalHeadClient(m) for m in config.catalog if m.is_external})
+        clients = ray_head_clients(config.catalog, heads)
+        chat: dict[str, HeadClient] = dict(clients.chat)
+        chat.update({m.id: ExternalHeadClient(m) for m in config.catalog if m.is_external})
         deployments = {m.id: m.deployment_name() for m in config.catalog if m.id in heads}
         app_name = serve.get_replica_context().app_name
         readiness = HeadReadiness(
@@ -171,17 +168,16 @@ class Gateway:
             require_production_ready(settings)
         database = Database.from_settings(settings)
         database.migrate()
-        speech, transcription = ray_audio_clients(config.catalog, heads)
         state = build_state(
             config,
-            clients,
+            chat,
             readiness,
             database,
             settings,
-            speech_heads=speech,
-            transcription_heads=transcription,
-            document_heads=ray_document_clients(config.catalog, heads),
-            video_heads=ray_video_clients(config.catalog, heads),
+            speech_heads=clients.speech,
+            transcription_heads=clients.transcription,
+            document_heads=clients.documents,
+            video_heads=clients.video,
             dedicated_backend=RayServeBackend() if config.dedicated.enabled else None,
             # Untrusted code runs in the tool-runner replicas, not in this process.
             sandbox=RemoteSandbox(tool_runner) if tool_runner is not None else None,

@@ -33,10 +33,10 @@ from serve_app.catalog.catalog import Catalog
 from serve_app.catalog.config import CatalogModel
 from serve_app.config import VideoOptions
 from serve_app.contract.video import round_num_frames
+from serve_app.heads.client import VideoHeadClient
 from serve_app.inference.metering import Metering, RequestMeta
 from serve_app.inference.readiness import HeadReadiness
 from serve_app.inference.unit_metering import UnitMetering
-from serve_app.jobs.client import VideoHeadClient
 from serve_app.jobs.records import (
     COMPLETED,
     FAILED,

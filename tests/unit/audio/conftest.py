@@ -20,7 +20,7 @@ from deployments.speech_head import SpeechHeadCore
 from deployments.transcription_head import TranscriptionHeadCore
 from serve_app.billing.records import UsageRecord
 from serve_app.billing.store import LedgerStore
-from serve_app.inference.audio_client import (
+from serve_app.heads.client import (
     LocalSpeechClient,
     LocalTranscriptionClient,
     SpeechClient,

@@ -27,7 +27,7 @@ from deployments.engines.document_base import (
     ParseOutput,
 )
 from deployments.engines.document_factory import build_detect_engine, build_parse_engine
-from serve_app.inference.document_client import DocumentClient, LocalDocumentClient
+from serve_app.heads.client import DocumentClient, LocalDocumentClient
 from tests.fixtures.gateway import CATALOG, GatewayHarness, add_keys, build_harness
 
 SENTENCE = "The quick brown fox jumps over the lazy dog"

@@ -12,7 +12,7 @@ from serve_app.contract.document import (
     ParseHeadReply,
     ParseHeadRequest,
 )
-from serve_app.inference.document_client import DocumentClient
+from serve_app.heads.client import DocumentClient
 from tests.fixtures.gateway import GatewayHarness
 from tests.unit.audio.conftest import ledger_records
 from tests.unit.document.conftest import (

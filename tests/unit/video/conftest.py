@@ -23,7 +23,7 @@ import pytest
 
 from deployments.engines.video_base import VideoEngine
 from deployments.video_head import VideoHeadCore, VideoWorkerOptions
-from serve_app.jobs.client import LocalVideoClient
+from serve_app.heads.client import LocalVideoClient
 from serve_app.jobs.store import JobStore
 from serve_app.storage.db import Database
 from serve_app.storage.objects import LocalObjectStore, ObjectStore

@@ -1,0 +1,301 @@
+"""How the gateway reaches a head: over a Ray DeploymentHandle, or in-process in tests.
+
+One Ray client, ``RayHeadClient``, serves every head kind: chat streams
+(``stream``), speech (``synthesize``), transcription (``transcribe``), detect and
+parse (``detect``, ``parse``), the video worker's poke (``wake``), and the calls
+dedicated routing makes on an endpoint's own Serve app. Ray's failures are mapped
+in one place, ``map_ray_error``, so no service or route sees a Ray exception type:
+
+- backpressure (the head's queue is full): 503 ``model_unavailable`` with ``Retry-After``;
+- a lost replica (actor died or unreachable): 503 ``model_unavailable``;
+- anything else a head raised, or Ray itself: 502 ``upstream_error``;
+- a ``GatewayError`` is already an answer and passes as it is (heads report their
+  errors as ``HeadFailure`` values; one raised across the handle keeps its fields).
+
+A call the gateway stops waiting for (a timeout, a client gone, a stream closed
+before its end) is cancelled on the head too, so the head's work stops with it.
+
+Heads answer with plain values (head events, a result or a ``HeadFailure``), so the
+in-process clients (``Local*``) return the same things by calling a head's core
+directly, for unit tests and benchmarks. They take the core by its shape (the
+``*Core`` protocols below), so this module imports nothing of ``deployments``: the
+composition root or a test builds the core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from serve_app.catalog.config import CatalogModel
+from serve_app.contract.audio import (
+    SpeechHeadReply,
+    SpeechHeadRequest,
+    TranscriptionHeadReply,
+    TranscriptionHeadRequest,
+)
+from serve_app.contract.document import (
+    DetectHeadReply,
+    DetectHeadRequest,
+    ParseHeadReply,
+    ParseHeadRequest,
+)
+from serve_app.contract.errors import HeadFailure
+from serve_app.contract.text import HeadEvent, HeadRequest
+from serve_app.protocol.errors import GatewayError, ModelUnavailableError, UpstreamError
+
+logger = logging.getLogger(__name__)
+
+WAKE_TIMEOUT_S = 10.0
+"""How long a video head's poke may take before the gateway stops waiting for it."""
+
+
+# ---- what the services call ---------------------------------------------------------
+class HeadClient(Protocol):
+    """A chat head: a stream of head events for one request."""
+
+    def stream(self, request: HeadRequest) -> AsyncIterator[HeadEvent]: ...
+
+
+class SpeechClient(Protocol):
+    async def synthesize(self, request: SpeechHeadRequest) -> SpeechHeadReply: ...
+
+
+class TranscriptionClient(Protocol):
+    async def transcribe(self, request: TranscriptionHeadRequest) -> TranscriptionHeadReply: ...
+
+
+class DocumentClient(Protocol):
+    async def detect(self, request: DetectHeadRequest) -> DetectHeadReply: ...
+
+    async def parse(self, request: ParseHeadRequest) -> ParseHeadReply: ...
+
+
+class VideoHeadClient(Protocol):
+    """A video head's worker, poked when a job was queued.
+
+    The poke is only a hint ("a job was queued, look now"): the job is already in the
+    database and the worker also polls, so a lost or failed poke delays a job by at
+    most one poll interval. Hence ``wake`` never raises.
+    """
+
+    async def wake(self) -> None: ...
+
+
+# ---- over Ray -------------------------------------------------------------------------
+def map_ray_error(model_id: str, err: Exception) -> GatewayError:
+    """Ray's failure types -> the spec's 503 (retryable) or 502; the one mapping."""
+    from ray import exceptions as ray_exceptions
+    from ray.serve import exceptions as serve_exceptions
+
+    if isinstance(err, GatewayError):
+        return err  # already the spec's answer (Ray re-raises a head's with its fields)
+    if isinstance(err, serve_exceptions.BackPressureError):
+        return ModelUnavailableError(
+            f"Model '{model_id}' is at capacity; retry shortly.", headers={"Retry-After": "1"}
+        )
+    if isinstance(err, ray_exceptions.ActorDiedError | ray_exceptions.ActorUnavailableError):
+        logger.warning("head %s replica lost: %s", model_id, err)
+        return ModelUnavailableError(f"Model '{model_id}' lost its replica; retry shortly.")
+    logger.error("head %s failed: %s", model_id, err)
+    return UpstreamError(f"Model '{model_id}' failed.")
+
+
+class RayHeadClient:
+    """Any head deployment (or a dedicated endpoint's) through its DeploymentHandle."""
+
+    def __init__(self, model_id: str, handle: Any) -> None:
+        self.model_id = model_id
+        self._handle = handle
+        self._streaming: Any = None
+
+    async def stream(self, request: HeadRequest) -> AsyncIterator[HeadEvent]:
+        """A chat head's ``generate``: its events, unpacked from the batches heads send."""
+        if self._streaming is None:
+            self._streaming = self._handle.options(stream=True)
+        response = self._streaming.generate.remote(request)
+        try:
+            async for item in response:
+                # Heads send batches (deployments.stream_batching); a single event
+                # is accepted too, from heads that do not batch.
+                if isinstance(item, list):
+                    for event in item:
+                        yield event
+                else:
+                    yield item
+        except BaseException as err:
+            self._give_up(response, err)
+            raise
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """One unary call of ``method`` on the head: its plain reply."""
+        response = getattr(self._handle, method).remote(*args)
+        try:
+            return await response
+        except BaseException as err:
+            self._give_up(response, err)
+            raise
+
+    def _give_up(self, response: Any, err: BaseException) -> None:
+        """Cancel the head's work; raise ``err`` mapped when it is a failure (the caller
+        re-raises a cancellation or a closed stream as it is)."""
+        response.cancel()  # a timeout, a client gone, a stream closed: stop the head too
+        if isinstance(err, Exception):
+            raise map_ray_error(self.model_id, err) from None
+
+    async def synthesize(self, request: SpeechHeadRequest) -> SpeechHeadReply:
+        reply: SpeechHeadReply = await self.call("synthesize", request)
+        return reply
+
+    async def transcribe(self, request: TranscriptionHeadRequest) -> TranscriptionHeadReply:
+        reply: TranscriptionHeadReply = await self.call("transcribe", request)
+        return reply
+
+    async def detect(self, request: DetectHeadRequest) -> DetectHeadReply:
+        reply: DetectHeadReply = await self.call("detect", request)
+        return reply
+
+    async def parse(self, request: ParseHeadRequest) -> ParseHeadReply:
+        reply: ParseHeadReply = await self.call("parse", request)
+        return reply
+
+    async def wake(self) -> None:
+        """Poke a video head's worker; never raises (see ``VideoHeadClient``)."""
+        try:
+            await asyncio.wait_for(self.call("wake"), WAKE_TIMEOUT_S)
+        except Exception as err:  # the worker's poll finds the job anyway
+            logger.info("video head %s not poked (%s); it will poll", self.model_id, err)
+
+
+@dataclass
+class HeadClients:
+    """The clients of every bound head, by kind (what the services are built with)."""
+
+    chat: dict[str, HeadClient] = field(default_factory=dict)
+    speech: dict[str, SpeechClient] = field(default_factory=dict)
+    transcription: dict[str, TranscriptionClient] = field(default_factory=dict)
+    documents: dict[str, DocumentClient] = field(default_factory=dict)
+    video: dict[str, VideoHeadClient] = field(default_factory=dict)
+
+
+def ray_head_clients(catalog: Iterable[CatalogModel], handles: Mapping[str, Any]) -> HeadClients:
+    """A ``RayHeadClient`` for each catalog model bound to a head, filed by its kind."""
+    clients = HeadClients()
+    for model in catalog:
+        if model.id not in handles:
+            continue
+        client = RayHeadClient(model.id, handles[model.id])
+        if model.head == "chat":
+            clients.chat[model.id] = client
+        elif model.head == "speech":
+            clients.speech[model.id] = client
+        elif model.head == "transcription":
+            clients.transcription[model.id] = client
+        elif model.head in ("detect", "parse"):
+            clients.documents[model.id] = client
+        elif model.head == "video":
+            clients.video[model.id] = client
+    return clients
+
+
+# ---- in-process (tests, benchmarks) ----------------------------------------------------
+class ChatCore(Protocol):
+    """``deployments.chat_head.ChatHeadCore``."""
+
+    def generate(self, request: HeadRequest) -> AsyncIterator[HeadEvent]: ...
+
+
+class SpeechCore(Protocol):
+    """``deployments.speech_head.SpeechHeadCore``."""
+
+    async def synthesize(self, request: SpeechHeadRequest) -> SpeechHeadReply: ...
+
+
+class TranscriptionCore(Protocol):
+    """``deployments.transcription_head.TranscriptionHeadCore``."""
+
+    async def transcribe(self, request: TranscriptionHeadRequest) -> TranscriptionHeadReply: ...
+
+
+@runtime_checkable
+class DetectCore(Protocol):
+    """``deployments.document_head.DetectHeadCore``."""
+
+    async def detect(self, request: DetectHeadRequest) -> DetectHeadReply: ...
+
+
+@runtime_checkable
+class ParseCore(Protocol):
+    """``deployments.document_head.ParseHeadCore``."""
+
+    async def parse(self, request: ParseHeadRequest) -> ParseHeadReply: ...
+
+
+class VideoWorker(Protocol):
+    """A video head's worker in this process (``deployments.video_head.VideoHeadCore``)."""
+
+    def wake(self) -> None: ...
+
+
+class LocalHeadClient:
+    """Calls a chat head's core in this process."""
+
+    def __init__(self, core: ChatCore) -> None:
+        self.core = core
+
+    def stream(self, request: HeadRequest) -> AsyncIterator[HeadEvent]:
+        return self.core.generate(request)
+
+
+class LocalSpeechClient:
+    """Calls a speech head's core in this process."""
+
+    def __init__(self, core: SpeechCore) -> None:
+        self.core = core
+
+    async def synthesize(self, request: SpeechHeadRequest) -> SpeechHeadReply:
+        return await self.core.synthesize(request)
+
+
+class LocalTranscriptionClient:
+    """Calls a transcription head's core in this process."""
+
+    def __init__(self, core: TranscriptionCore) -> None:
+        self.core = core
+
+    async def transcribe(self, request: TranscriptionHeadRequest) -> TranscriptionHeadReply:
+        return await self.core.transcribe(request)
+
+
+def _wrong_kind(kind: str) -> HeadFailure:
+    return HeadFailure(502, "upstream_error", f"This head does not {kind}.", "upstream_error")
+
+
+class LocalDocumentClient:
+    """Calls a detect or parse head's core in this process."""
+
+    def __init__(self, core: DetectCore | ParseCore) -> None:
+        self.core = core
+
+    async def detect(self, request: DetectHeadRequest) -> DetectHeadReply:
+        if not isinstance(self.core, DetectCore):
+            return _wrong_kind("detect")
+        return await self.core.detect(request)
+
+    async def parse(self, request: ParseHeadRequest) -> ParseHeadReply:
+        if not isinstance(self.core, ParseCore):
+            return _wrong_kind("parse")
+        return await self.core.parse(request)
+
+
+class LocalVideoClient:
+    """Pokes a video head's worker in this process."""
+
+    def __init__(self, core: VideoWorker) -> None:
+        self.core = core
+
+    async def wake(self) -> None:
+        self.core.wake()

@@ -1,0 +1,232 @@
+"""The one head client: every head kind maps Ray's failures the same way and cancels
+the head's work when the gateway stops waiting.
+
+The handle is a stand-in with Serve's surface (``options(stream=True)``,
+``handle.<method>.remote(...)`` giving an awaitable or async-iterable response with
+``cancel()``); the failures are Ray's own exception types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from ray import exceptions as ray_exceptions
+from ray.serve import exceptions as serve_exceptions
+
+from serve_app.catalog.config import CatalogModel
+from serve_app.contract.audio import SpeechHeadRequest, TranscriptionHeadRequest
+from serve_app.contract.document import DetectHeadRequest, ParseHeadRequest
+from serve_app.contract.text import (
+    GenerationDone,
+    HeadRequest,
+    HeadStarted,
+    PromptSpec,
+    SamplingSpec,
+    TextDelta,
+)
+from serve_app.heads import client as head_client
+from serve_app.heads.client import RayHeadClient, ray_head_clients
+from serve_app.protocol.errors import GatewayError, InvalidRequestError
+
+HANG = object()
+
+
+class FakeResponse:
+    """A ``DeploymentResponse`` or ``DeploymentResponseGenerator`` stand-in."""
+
+    def __init__(self, outcome: Any) -> None:
+        self.outcome = outcome
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    async def _settle(self) -> Any:
+        if self.outcome is HANG:
+            await asyncio.sleep(60)
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
+
+    def __await__(self) -> Any:
+        return self._settle().__await__()
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        items = self.outcome if isinstance(self.outcome, list) else [await self._settle()]
+        for item in items:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
+class FakeHandle:
+    """Each ``handle.<method>.remote(...)`` answers ``outcome``; ``responses`` keeps them."""
+
+    def __init__(self, outcome: Any) -> None:
+        self.outcome = outcome
+        self.streaming = False
+        self.responses: list[tuple[str, FakeResponse]] = []
+
+    def options(self, *, stream: bool) -> FakeHandle:
+        self.streaming = stream
+        return self
+
+    def __getattr__(self, method: str) -> Any:
+        handle = self
+
+        class Method:
+            def remote(self, *args: Any) -> FakeResponse:
+                response = FakeResponse(handle.outcome)
+                handle.responses.append((method, response))
+                return response
+
+        return Method()
+
+
+async def _read_stream(client: RayHeadClient) -> list[Any]:
+    return [event async for event in client.stream(_chat_request())]
+
+
+def _chat_request() -> HeadRequest:
+    return HeadRequest(
+        request_id="req-1",
+        prompts=[PromptSpec(kind="chat", messages=[{"role": "user", "content": "hi"}])],
+        sampling=SamplingSpec(max_tokens=4),
+        max_tokens=4,
+        max_tokens_param="max_tokens",
+        max_output_tokens=8,
+    )
+
+
+KINDS: dict[str, Callable[[RayHeadClient], Awaitable[Any]]] = {
+    "generate": _read_stream,
+    "synthesize": lambda c: c.synthesize(SpeechHeadRequest("r", text="hi", voice="alloy")),
+    "transcribe": lambda c: c.transcribe(TranscriptionHeadRequest("r", b"RIFF", "wav")),
+    "detect": lambda c: c.detect(DetectHeadRequest("r", image=b"png")),
+    "parse": lambda c: c.parse(ParseHeadRequest("r", image=b"png", max_new_tokens=8)),
+}
+
+FAILURES = {
+    "backpressure": (
+        serve_exceptions.BackPressureError(num_queued_requests=9, max_queued_requests=8),
+        503,
+        "model_unavailable",
+        {"Retry-After": "1"},
+    ),
+    "actor died": (ray_exceptions.ActorDiedError(), 503, "model_unavailable", {}),
+    "actor unavailable": (
+        ray_exceptions.ActorUnavailableError("node lost", None),
+        503,
+        "model_unavailable",
+        {},
+    ),
+    "head raised": (
+        ray_exceptions.RayTaskError("generate", "Traceback ...", ValueError("boom")),
+        502,
+        "upstream_error",
+        {},
+    ),
+    "other": (RuntimeError("handle broke"), 502, "upstream_error", {}),
+}
+
+
+@pytest.mark.parametrize("failure", FAILURES)
+@pytest.mark.parametrize("kind", KINDS)
+async def test_every_head_kind_maps_a_ray_failure_the_same_way(kind: str, failure: str) -> None:
+    error, status, code, headers = FAILURES[failure]
+    handle = FakeHandle(error)
+    with pytest.raises(GatewayError) as caught:
+        await KINDS[kind](RayHeadClient("m-1", handle))
+    assert (caught.value.status_code, caught.value.code, caught.value.headers) == (
+        status,
+        code,
+        headers,
+    )
+    assert "m-1" in caught.value.message
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    [(method, response)] = handle.responses
+    assert method == kind and response.cancelled
+
+
+async def test_a_gateway_error_raised_across_the_handle_keeps_its_fields() -> None:
+    cause = InvalidRequestError("bad voice", param="voice")
+    raised = ray_exceptions.RayTaskError("synthesize", "tb", cause).as_instanceof_cause()
+    with pytest.raises(InvalidRequestError) as caught:
+        await KINDS["synthesize"](RayHeadClient("tts", FakeHandle(raised)))
+    assert (caught.value.status_code, caught.value.param) == (400, "voice")
+
+
+async def test_a_stream_unpacks_batches_and_a_finished_call_is_not_cancelled() -> None:
+    started = HeadStarted(prompt_tokens=3, max_tokens=4)
+    delta = TextDelta(choice_index=0, text="hi", completion_tokens=1)
+    done = GenerationDone(prompt_tokens=3, completion_tokens=1)
+    handle = FakeHandle([[started], [delta, done]])
+    assert await _read_stream(RayHeadClient("chat", handle)) == [started, delta, done]
+    assert handle.streaming
+    [(_, response)] = handle.responses
+    assert not response.cancelled
+
+
+async def test_a_stream_closed_before_its_end_cancels_the_head_call() -> None:
+    started = HeadStarted(prompt_tokens=3, max_tokens=4)
+    handle = FakeHandle([started, TextDelta(choice_index=0, text="x", completion_tokens=1)])
+    stream = RayHeadClient("chat", handle).stream(_chat_request())
+    assert await anext(stream) == started
+    await stream.aclose()  # a 429 at admission, a client gone
+    [(_, response)] = handle.responses
+    assert response.cancelled
+
+
+async def test_a_call_the_gateway_stops_waiting_for_is_cancelled_on_the_head() -> None:
+    handle = FakeHandle(HANG)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(KINDS["transcribe"](RayHeadClient("stt", handle)), 0.05)
+    [(_, response)] = handle.responses
+    assert response.cancelled
+
+
+@pytest.mark.parametrize("outcome", [HANG, ray_exceptions.ActorDiedError(), None])
+async def test_a_video_poke_never_raises(outcome: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(head_client, "WAKE_TIMEOUT_S", 0.05)
+    handle = FakeHandle(outcome)
+    assert await RayHeadClient("video", handle).wake() is None
+    [(method, response)] = handle.responses
+    assert method == "wake" and response.cancelled == (outcome is not None)
+
+
+def test_each_bound_model_gets_the_one_client_filed_by_its_kind() -> None:
+    chat = {"head": "chat", "context_length": 64, "max_output_tokens": 8}
+    catalog = [
+        CatalogModel.model_validate(entry)
+        for entry in (
+            {"id": "chat", **chat},
+            {"id": "unbound-chat", **chat},
+            {"id": "tts", "head": "speech"},
+            {"id": "stt", "head": "transcription"},
+            {"id": "layout", "head": "detect"},
+            {"id": "ocr", "head": "parse"},
+            {"id": "wan", "head": "video"},
+        )
+    ]
+    handles = {m.id: FakeHandle(None) for m in catalog if m.id != "unbound-chat"}
+    clients = ray_head_clients(catalog, handles)
+    filed = {
+        "chat": clients.chat,
+        "speech": clients.speech,
+        "transcription": clients.transcription,
+        "documents": clients.documents,
+        "video": clients.video,
+    }
+    assert {kind: sorted(ids) for kind, ids in filed.items()} == {
+        "chat": ["chat"],
+        "speech": ["tts"],
+        "transcription": ["stt"],
+        "documents": ["layout", "ocr"],
+        "video": ["wan"],
+    }
+    every = [c for kind in filed.values() for c in kind.values()]
+    assert all(isinstance(c, RayHeadClient) for c in every)
+    assert {c.model_id for c in every} == set(handles)  # type: ignore[attr-defined]
