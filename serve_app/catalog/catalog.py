@@ -131,8 +131,12 @@ AliasResolver = Callable[[str, Principal], CatalogModel | None]
 class Catalog:
     """Immutable set of models, built once per gateway replica from the config."""
 
-    def __init__(self, models: Iterable[CatalogModel]) -> None:
-        self.alias_resolver: AliasResolver | None = None
+    def __init__(
+        self, models: Iterable[CatalogModel], alias_resolver: AliasResolver | None = None
+    ) -> None:
+        """``alias_resolver``: where ids it does not list are looked up (dedicated aliases;
+        the composition root builds dedicated routing first and passes its resolver)."""
+        self.alias_resolver = alias_resolver
         self._models: dict[str, CatalogModel] = {}
         for model in models:
             if model.id in self._models:

@@ -1,4 +1,4 @@
-"""Everything dedicated in one gateway replica: what routes call and what ``build_state`` wires.
+"""Everything dedicated in one gateway replica: what routes call and what the root wires.
 
 The service and the redeploys are blocking (database); this facade runs them
 in a thread, keeps the alias cache current with this replica's own writes,
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, TypeVar
 
 from serve_app.auth.principal import Principal
-from serve_app.catalog.catalog import Catalog
+from serve_app.catalog.config import CatalogModel
 from serve_app.dedicated.backend import ServeBackend
 from serve_app.dedicated.floor import FloorCounts
 from serve_app.dedicated.offering import Offerings
@@ -25,7 +25,6 @@ from serve_app.dedicated.router import DedicatedRouter
 from serve_app.dedicated.service import DedicatedService
 from serve_app.dedicated.store import DedicatedStore
 from serve_app.dedicated.telemetry import WINDOWS, replica_health, scaling_history, telemetry
-from serve_app.inference.text_service import TextService
 from serve_app.protocol.dedicated import (
     DedicatedCreateRequest,
     DedicatedEndpoint,
@@ -167,20 +166,20 @@ class Dedicated:
         return await replica_health(row, self.backend, self.options, self.clock())
 
 
-def wire_dedicated(
+def build_dedicated(
     options: DedicatedOptions,
-    catalog: Catalog,
+    models: Iterable[CatalogModel],
     database: Database,
-    text: TextService,
     backend: ServeBackend | None,
     **kwargs: Any,
 ) -> Dedicated | None:
-    """The subsystem on ``database`` and ``backend``, hooked into the catalog (alias
-    resolution) and the text service (head lookup); None when disabled or without Serve."""
+    """The subsystem on ``database`` and ``backend`` for the catalog's ``models``; None
+    when disabled or without Serve.
+
+    Built before the catalog and the text service, which take its router's hooks at
+    construction (``router.resolve_model``, ``router.head_for``).
+    """
     if backend is None or not options.enabled:
         return None
-    offerings = Offerings(catalog, options)
-    dedicated = Dedicated(options, DedicatedStore(database), offerings, backend, **kwargs)
-    catalog.alias_resolver = dedicated.router.resolve_model
-    text.head_lookup = dedicated.router.head_for
-    return dedicated
+    offerings = Offerings(models, options)
+    return Dedicated(options, DedicatedStore(database), offerings, backend, **kwargs)

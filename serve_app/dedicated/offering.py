@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from serve_app.auth.principal import Principal
-from serve_app.catalog.catalog import Catalog
 from serve_app.catalog.config import CatalogModel
 from serve_app.dedicated.alias import app_name_for
 from serve_app.dedicated.backend import AppSpec, DeploymentSpec
@@ -52,16 +52,20 @@ class Offering:
 
 
 class Offerings:
-    """Catalog + ``dedicated`` options: eligibility, bounds, caps."""
+    """Catalog entries + ``dedicated`` options: eligibility, bounds, caps.
 
-    def __init__(self, catalog: Catalog, options: DedicatedOptions) -> None:
-        self.catalog = catalog
+    It reads the configured entries, not the ``Catalog`` service: the catalog resolves
+    dedicated aliases through this subsystem's router, which is built first.
+    """
+
+    def __init__(self, models: Iterable[CatalogModel], options: DedicatedOptions) -> None:
+        self.models = {model.id: model for model in models}
         self.options = options
 
     def get(self, model_id: str) -> Offering | None:
         """The offer of a catalog chat model; None when the model left the catalog."""
-        model = self.catalog.get(model_id)
-        if model is None or model.id != model_id:
+        model = self.models.get(model_id)
+        if model is None:
             return None
         opts = self.options.model_options(model_id)
         tp = model.engine.config.get("tensor_parallel_size")
@@ -75,10 +79,9 @@ class Offerings:
         )
 
     def is_eligible(self, model_id: str) -> bool:
-        model = self.catalog.get(model_id)
+        model = self.models.get(model_id)
         return (
             model is not None
-            and model.id == model_id
             and model.head == "chat"
             and not model.is_external
             and model.dedicated_eligible

@@ -29,8 +29,8 @@ def _text(value: Any) -> str:
     return str(value.value) if isinstance(value, Enum) else str(value or "")
 
 
-def _deployment(options: dict[str, Any]) -> Any:
-    """``DedicatedHead`` with ``options``, pinned to its code version.
+def _deployment(head: Any, options: dict[str, Any]) -> Any:
+    """``head`` (the ``DedicatedHead`` deployment) with ``options``, pinned to its code version.
 
     Serve 2.60 gives every imperative ``serve.run`` a random code version (so every
     redeploy would restart every replica) and refuses ``version`` from users; the
@@ -39,22 +39,20 @@ def _deployment(options: dict[str, Any]) -> Any:
     while a new engine config (version) or new actor options (capacity class) replace
     the replicas, which is exactly the live-PATCH vs. redeploy split of the spec.
     """
-    from deployments.dedicated_head import DedicatedHead
-
-    head: Any = DedicatedHead  # a Serve Deployment (the decorator's type is not seen)
     opts = dict(options)
     version = opts.pop("version")
     return head.options(**opts).options(_internal=True, version=version)
 
 
-def build_application(spec: AppSpec) -> Any:
-    """The bound app: ``head`` as ingress; in hybrid, ``burst`` bound into it as a peer."""
+def build_application(head: Any, spec: AppSpec) -> Any:
+    """The bound app of ``head`` deployments: ``head`` as ingress; in hybrid, ``burst``
+    bound into it as a peer."""
     by_name = {d.name: d for d in spec.deployments}
     args = (spec.model_id, spec.backend, spec.engine_config)
     peers = None
     if BURST in by_name:
-        peers = _deployment(by_name[BURST].options).bind(*args)
-    return _deployment(by_name[HEAD].options).bind(*args, peers=peers)
+        peers = _deployment(head, by_name[BURST].options).bind(*args)
+    return _deployment(head, by_name[HEAD].options).bind(*args, peers=peers)
 
 
 def _replicas(app: dict[str, Any], key: str) -> tuple[ReplicaObservation, ...]:
@@ -86,9 +84,15 @@ def observations(details: dict[str, Any]) -> dict[str, AppObservation]:
 
 
 class RayServeBackend:
-    """The reconciler's and router's access to Serve, from inside a gateway replica."""
+    """The reconciler's and router's access to Serve, from inside a gateway replica.
 
-    def __init__(self) -> None:
+    ``head`` is the deployment every endpoint's app is built from
+    (``deployments.dedicated_head.DedicatedHead``, a Serve Deployment whose type the
+    decorator hides); the composition root passes it, so this module imports no head.
+    """
+
+    def __init__(self, head: Any) -> None:
+        self.head = head
         self._clients: dict[tuple[str, str], HeadClient] = {}
 
     def deploy(self, spec: AppSpec) -> None:
@@ -96,7 +100,8 @@ class RayServeBackend:
         start, blocking the reconciler for a whole model boot)."""
         from ray import serve
 
-        target = serve.RunTarget(target=build_application(spec), name=spec.name, route_prefix=None)
+        app = build_application(self.head, spec)
+        target = serve.RunTarget(target=app, name=spec.name, route_prefix=None)
         serve.run_many(
             [target],
             wait_for_ingress_deployment_creation=False,

@@ -26,7 +26,6 @@ from serve_app.billing.store import LedgerStore
 from serve_app.catalog.config import CatalogModel
 from serve_app.config import GatewayAppArgs
 from serve_app.contract.text import GenerationDone, HeadEvent, HeadStarted, TextDelta
-from serve_app.ingress.replays import InProcessReplayStore, ReplayStore, build_replay_store
 from serve_app.limits.buckets import CounterStore, Ticket
 from serve_app.limits.limiter import PlatformLimits, RateLimiter, build_counter_store
 from serve_app.metrics import GatewayMetrics
@@ -99,14 +98,11 @@ class Metering:
         ledger: UsageLedger | None = None,
         metrics: GatewayMetrics | None = None,
         tool_prices: ToolPrices = NO_TOOL_PRICES,
-        replays: ReplayStore | None = None,
     ) -> None:
         self.limiter = limiter
         self.ledger = ledger
         self.metrics = metrics or GatewayMetrics()
         self.tool_prices = tool_prices
-        self.replays: ReplayStore = replays or InProcessReplayStore()
-        """Answers of ``Idempotency-Key`` requests (``serve_app.ingress.idempotency``)."""
 
     async def admit(self, meta: RequestMeta, started: HeadStarted) -> MeteredRequest:
         """Reserve capacity for the request or raise the 429 (the caller closes the head)."""
@@ -162,7 +158,6 @@ class Metering:
             await self.ledger.aclose()
         if self.limiter is not None:
             await self.limiter.aclose()
-        await self.replays.aclose()
 
 
 class MeteredRequest:
@@ -283,5 +278,4 @@ def build_metering(
         per_search=config.tools.web_search.price_per_search,
         per_code_second=config.tools.code_interpreter.price_per_second,
     )
-    replays = build_replay_store(settings.redis_url, prefix=limits.redis_prefix)
-    return Metering(limiter, ledger, metrics, tool_prices, replays)
+    return Metering(limiter, ledger, metrics, tool_prices)

@@ -74,6 +74,7 @@ class TextService:
         images: ImagePolicy,
         timeouts: TimeoutPolicy,
         metering: Metering | None = None,
+        head_lookup: Callable[[str], HeadClient | None] | None = None,
     ) -> None:
         self.catalog = catalog
         self.heads = heads
@@ -81,8 +82,8 @@ class TextService:
         self.images = images
         self.timeouts = timeouts
         self.metering = metering or Metering()
-        self.head_lookup: Callable[[str], HeadClient | None] | None = None
-        """Heads not in ``heads`` (dedicated endpoints), set by ``build_state``."""
+        self.head_lookup = head_lookup
+        """Heads not in ``heads`` (dedicated endpoints: ``DedicatedRouter.head_for``)."""
 
     async def chat(self, body: ChatCompletionRequest, principal: Principal) -> Any:
         model = self.catalog.resolve(body.model, principal, "chat")

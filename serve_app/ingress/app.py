@@ -65,7 +65,7 @@ def create_app(
     install_openapi(app)
     # Inner to the body limit: a retry with an Idempotency-Key is answered from the
     # first attempt's stored answer, never generated (or billed) again.
-    app.add_middleware(IdempotencyMiddleware, store=state.text.metering.replays)
+    app.add_middleware(IdempotencyMiddleware, store=state.replays)
     # Outer to idempotency: a replayed answer was not admitted again and carries no
     # stale x-ratelimit-* headers of the first attempt.
     app.add_middleware(RateLimitHeadersMiddleware)

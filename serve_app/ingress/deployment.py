@@ -1,8 +1,9 @@
 """The gateway ingress as a Ray Serve deployment.
 
-Each replica builds its own ``GatewayState`` (catalog, auth, head clients)
-from the validated args, then hands Serve the FastAPI app through
-``__serve_build_asgi_app__`` so routes never reach for globals.
+Each replica has the composition root (``serve_app.composition.build_replica``)
+build its own ``GatewayState`` (catalog, auth, head clients) from the validated
+args, then hands Serve the FastAPI app through ``__serve_build_asgi_app__`` so
+routes never reach for globals.
 """
 
 from __future__ import annotations
@@ -13,136 +14,10 @@ from typing import Any
 from fastapi import FastAPI
 from ray import serve
 
-from deployments.replica_logging import configure_replica_logging
-from deployments.sandbox.bwrap import BwrapSandbox
-from serve_app.auth.accounts import AccountStore
-from serve_app.auth.epoch import EpochWatch
-from serve_app.auth.service import AuthService
-from serve_app.catalog.catalog import Catalog
-from serve_app.config import GatewayAppArgs
-from serve_app.dedicated.backend import ServeBackend
-from serve_app.dedicated.facade import wire_dedicated
-from serve_app.dedicated.floor import build_floor_counts
-from serve_app.dedicated.ray_backend import RayServeBackend
-from serve_app.heads.client import (
-    DocumentClient,
-    HeadClient,
-    SpeechClient,
-    TranscriptionClient,
-    VideoHeadClient,
-    ray_head_clients,
-)
-from serve_app.inference.audio_service import AudioPolicy, AudioService
-from serve_app.inference.document_service import DocumentPolicy, DocumentService
-from serve_app.inference.external import ExternalHeadClient
-from serve_app.inference.images import ImagePolicy
-from serve_app.inference.metering import build_metering
-from serve_app.inference.readiness import HeadReadiness, serve_status_source
-from serve_app.inference.responses_service import ResponsesService
-from serve_app.inference.text_service import TextService, TimeoutPolicy
+from serve_app.composition import build_replica, close_replica
 from serve_app.ingress.app import create_app
-from serve_app.ingress.state import GatewayState
-from serve_app.jobs.service import VideoService
-from serve_app.jobs.store import JobStore
-from serve_app.limits.buckets import CounterStore
-from serve_app.metrics import GatewayMetrics
-from serve_app.settings import GatewaySettings, get_settings, require_production_ready
-from serve_app.storage.db import Database
-from serve_app.storage.objects import ObjectStore, build_object_store
-from serve_app.tools.chat import ToolChatService
-from serve_app.tools.runners import ToolRuntime
-from serve_app.tools.sandbox import CodeSandbox, RemoteSandbox
 
 logger = logging.getLogger(__name__)
-
-
-def build_state(
-    config: GatewayAppArgs,
-    heads: dict[str, HeadClient],
-    readiness: HeadReadiness,
-    database: Database,
-    settings: GatewaySettings,
-    *,
-    counters: CounterStore | None = None,
-    metrics: GatewayMetrics | None = None,
-    speech_heads: dict[str, SpeechClient] | None = None,
-    transcription_heads: dict[str, TranscriptionClient] | None = None,
-    document_heads: dict[str, DocumentClient] | None = None,
-    video_heads: dict[str, VideoHeadClient] | None = None,
-    objects: ObjectStore | None = None,
-    dedicated_backend: ServeBackend | None = None,
-    sandbox: CodeSandbox | None = None,
-) -> GatewayState:
-    """Wire the services of one replica (shared by Ray and in-process tests).
-
-    ``counters`` and ``metrics`` override the limit counters (default: Redis
-    when ``GATEWAY_REDIS_URL`` is set, else in-process) and the metrics backend;
-    ``objects`` the object store of generated videos (default: from settings).
-    """
-    catalog = Catalog(config.catalog)
-    images = ImagePolicy(**config.images.model_dump())
-    metering = build_metering(config, database, settings, counters=counters, metrics=metrics)
-    text = TextService(
-        catalog,
-        heads,
-        readiness,
-        images,
-        TimeoutPolicy(**config.timeouts.model_dump()),
-        metering,
-    )
-    tools = ToolRuntime.from_options(
-        config.tools,
-        settings.state_dir,
-        sandbox=sandbox or BwrapSandbox(config.tools.code_interpreter),
-    )
-    return GatewayState(
-        catalog=catalog,
-        auth=AuthService(
-            AccountStore(database, pepper=settings.key_pepper),
-            settings,
-            epochs=EpochWatch.build(database, settings.redis_url),
-        ),
-        text=text,
-        audio=AudioService(
-            catalog,
-            speech_heads or {},
-            transcription_heads or {},
-            readiness,
-            AudioPolicy(**config.audio.model_dump(exclude={"max_audio_seconds"})),
-            metering,
-        ),
-        responses=ResponsesService(text, tools),
-        tool_chat=ToolChatService(text, tools),
-        documents=DocumentService(
-            catalog,
-            document_heads or {},
-            readiness,
-            images,
-            DocumentPolicy(**config.documents.model_dump()),
-            metering,
-        ),
-        video=VideoService(
-            catalog,
-            video_heads or {},
-            readiness,
-            JobStore(database),
-            objects or build_object_store(settings),
-            config.video,
-            url_expiry_s=settings.object_url_expiry_s,
-            public_base_url=settings.public_base_url,
-            metering=metering,
-        ),
-        dedicated=wire_dedicated(
-            config.dedicated,
-            catalog,
-            database,
-            text,
-            dedicated_backend,
-            floor=build_floor_counts(settings.redis_url, prefix=config.limits.redis_prefix)
-            if dedicated_backend is not None and config.dedicated.enabled
-            else None,
-        ),
-    )
 
 
 @serve.deployment(name="Gateway")
@@ -153,39 +28,8 @@ class Gateway:
     async def __init__(  # type: ignore[misc]  # Serve awaits async constructors
         self, args: dict[str, Any], heads: dict[str, Any], tool_runner: Any = None
     ) -> None:
-        configure_replica_logging()
-        config = GatewayAppArgs.model_validate(args)
-        clients = ray_head_clients(config.catalog, heads)
-        chat: dict[str, HeadClient] = dict(clients.chat)
-        chat.update({m.id: ExternalHeadClient(m) for m in config.catalog if m.is_external})
-        deployments = {m.id: m.deployment_name() for m in config.catalog if m.id in heads}
         app_name = serve.get_replica_context().app_name
-        readiness = HeadReadiness(
-            serve_status_source(app_name, deployments), config.readiness_refresh_s
-        )
-        settings = get_settings()
-        if config.deployment_mode == "production":  # each replica's own environment counts
-            require_production_ready(settings)
-        database = Database.from_settings(settings)
-        database.migrate()
-        state = build_state(
-            config,
-            chat,
-            readiness,
-            database,
-            settings,
-            speech_heads=clients.speech,
-            transcription_heads=clients.transcription,
-            document_heads=clients.documents,
-            video_heads=clients.video,
-            dedicated_backend=RayServeBackend() if config.dedicated.enabled else None,
-            # Untrusted code runs in the tool-runner replicas, not in this process.
-            sandbox=RemoteSandbox(tool_runner) if tool_runner is not None else None,
-        )
-        # On the replica's loop: adopt spool files a dead replica left, start flushing.
-        await state.text.metering.start()
-        if state.dedicated is not None:
-            state.dedicated.start()  # alias refresh + the (lease-guarded) reconciler
+        config, state = await build_replica(args, heads, tool_runner, app_name)
         self._state = state
         self._app = create_app(state, config.max_body_bytes)
         logger.info("gateway replica ready with %d models", len(state.catalog))
@@ -197,8 +41,4 @@ class Gateway:
         """Graceful stop: commit spooled usage, close counter connections."""
         state = getattr(self, "_state", None)
         if state is not None:
-            if state.dedicated is not None:
-                await state.dedicated.stop()  # hands the reconciler lease over at once
-            await state.video.aclose()
-            await state.text.metering.aclose()
-            await state.auth.aclose()
+            await close_replica(state)

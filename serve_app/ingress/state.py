@@ -17,6 +17,7 @@ from serve_app.inference.audio_service import AudioService
 from serve_app.inference.document_service import DocumentService
 from serve_app.inference.responses_service import ResponsesService
 from serve_app.inference.text_service import TextService
+from serve_app.ingress.replays import ReplayStore
 from serve_app.jobs.service import VideoService
 from serve_app.tools.chat import ToolChatService
 
@@ -45,4 +46,6 @@ class GatewayState:
     tool_chat: ToolChatService
     documents: DocumentService
     video: VideoService
+    replays: ReplayStore
+    """Answers of ``Idempotency-Key`` requests (``serve_app.ingress.idempotency``)."""
     dedicated: Dedicated | None = None  # None when args.dedicated.enabled is false

@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from deployments.dedicated_head import DedicatedHead
 from serve_app.dedicated.backend import AppObservation, AppSpec
 from serve_app.dedicated.ray_backend import RayServeBackend
 from tests.serve.conftest import ServeStack
@@ -38,7 +39,7 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 90.0) -> Any:
 
 
 def serve_apps() -> dict[str, AppObservation]:
-    return RayServeBackend().status()
+    return RayServeBackend(DedicatedHead).status()
 
 
 def replica_ids(app: str) -> set[str]:
@@ -176,7 +177,7 @@ class CountingBackend(RayServeBackend):
     """The real backend, counting the apps it deploys and deletes."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(DedicatedHead)
         self.deployed: list[str] = []
         self.deleted: list[str] = []
 
@@ -192,7 +193,6 @@ class CountingBackend(RayServeBackend):
 def test_scale_to_zero_wake_and_reconciler_restart(
     serve_stack: ServeStack, admin: httpx.Client
 ) -> None:
-    from serve_app.catalog.catalog import Catalog
     from serve_app.config import GatewayAppArgs
     from serve_app.dedicated.offering import Offerings
     from serve_app.dedicated.reconciler import Reconciler
@@ -225,7 +225,7 @@ def test_scale_to_zero_wake_and_reconciler_restart(
     backend = CountingBackend()
     fresh = Reconciler(
         DedicatedStore(Database(os.environ["GATEWAY_DATABASE_URL"])),
-        Offerings(Catalog(config.catalog), config.dedicated),
+        Offerings(config.catalog, config.dedicated),
         config.dedicated,
         backend,
     )

@@ -156,4 +156,3 @@ async def test_an_open_limit_path_is_counted_and_production_fails_closed(
         with pytest.raises(ModelUnavailableError):
             await metering.limiter.admit(_limited(), "req-1", 10)
         assert _fail_open_count(registry) == 0
-    await metering.replays.aclose()

@@ -12,11 +12,11 @@ import httpx
 import pytest
 
 from serve_app.auth.accounts import AccountStore
+from serve_app.composition import build_state
 from serve_app.config import GatewayAppArgs
 from serve_app.dedicated.facade import Dedicated
 from serve_app.inference.readiness import HeadReadiness
 from serve_app.ingress.app import create_app
-from serve_app.ingress.deployment import build_state
 from serve_app.settings import GatewaySettings
 from serve_app.storage.db import Database
 from tests.unit.dedicated.fakes import FakeServeBackend
@@ -117,14 +117,13 @@ def build(
     backend = FakeServeBackend()
     clock = Clock()
     state = build_state(
-        config, {}, HeadReadiness(None), database, settings, dedicated_backend=backend
-    )
-    assert state.dedicated is not None
-    # Rebuild the subsystem on the manual clock (same wiring as build_state).
-    from serve_app.dedicated.facade import wire_dedicated
-
-    state.dedicated = wire_dedicated(
-        config.dedicated, state.catalog, database, state.text, backend, clock=clock
+        config,
+        {},
+        HeadReadiness(None),
+        database,
+        settings,
+        dedicated_backend=backend,
+        clock=clock,
     )
     assert state.dedicated is not None
     store = AccountStore(database)

@@ -1,0 +1,227 @@
+"""The composition root: one gateway replica's services, each given its collaborators
+when it is constructed.
+
+Nothing is patched in after construction. Dedicated routing is built first, so the
+catalog (``alias_resolver``: ``ded/<slug>`` ids) and the text service
+(``head_lookup``: their heads) take its router's hooks as constructor arguments; the
+``Idempotency-Key`` replay store is built here and reaches the ingress middleware
+through ``GatewayState.replays``. Two entry points:
+
+- ``build_state``: the services from a validated config and ready head clients
+  (Ray clients, or in-process cores in the unit tests' harnesses, which call it too);
+- ``build_replica``: what a Serve ingress replica does when it starts: head clients
+  over the bound handles, readiness from Serve's status, the database, ``build_state``,
+  then the background loops; ``close_replica`` is its graceful stop.
+
+With ``serve_app.builders`` and ``serve_app.cli``, this is the only gateway module that
+imports ``deployments`` (``tests/unit/test_import_direction.py``): the in-process code
+sandbox and the dedicated endpoints' head deployment are chosen here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from deployments.replica_logging import configure_replica_logging
+from deployments.sandbox.bwrap import BwrapSandbox
+from serve_app.auth.accounts import AccountStore
+from serve_app.auth.epoch import EpochWatch
+from serve_app.auth.service import AuthService
+from serve_app.catalog.catalog import Catalog
+from serve_app.config import GatewayAppArgs
+from serve_app.dedicated.backend import ServeBackend
+from serve_app.dedicated.facade import build_dedicated
+from serve_app.dedicated.floor import build_floor_counts
+from serve_app.dedicated.ray_backend import RayServeBackend
+from serve_app.heads.client import (
+    DocumentClient,
+    HeadClient,
+    SpeechClient,
+    TranscriptionClient,
+    VideoHeadClient,
+    ray_head_clients,
+)
+from serve_app.inference.audio_service import AudioPolicy, AudioService
+from serve_app.inference.document_service import DocumentPolicy, DocumentService
+from serve_app.inference.external import ExternalHeadClient
+from serve_app.inference.images import ImagePolicy
+from serve_app.inference.metering import build_metering
+from serve_app.inference.readiness import HeadReadiness, serve_status_source
+from serve_app.inference.responses_service import ResponsesService
+from serve_app.inference.text_service import TextService, TimeoutPolicy
+from serve_app.ingress.replays import build_replay_store
+from serve_app.ingress.state import GatewayState
+from serve_app.jobs.service import VideoService
+from serve_app.jobs.store import JobStore
+from serve_app.limits.buckets import CounterStore
+from serve_app.metrics import GatewayMetrics
+from serve_app.settings import GatewaySettings, get_settings, require_production_ready
+from serve_app.storage.db import Database
+from serve_app.storage.objects import ObjectStore, build_object_store
+from serve_app.storage.schema import utcnow
+from serve_app.tools.chat import ToolChatService
+from serve_app.tools.runners import ToolRuntime
+from serve_app.tools.sandbox import CodeSandbox, RemoteSandbox
+
+logger = logging.getLogger(__name__)
+
+
+def build_state(
+    config: GatewayAppArgs,
+    heads: dict[str, HeadClient],
+    readiness: HeadReadiness,
+    database: Database,
+    settings: GatewaySettings,
+    *,
+    counters: CounterStore | None = None,
+    metrics: GatewayMetrics | None = None,
+    speech_heads: dict[str, SpeechClient] | None = None,
+    transcription_heads: dict[str, TranscriptionClient] | None = None,
+    document_heads: dict[str, DocumentClient] | None = None,
+    video_heads: dict[str, VideoHeadClient] | None = None,
+    objects: ObjectStore | None = None,
+    dedicated_backend: ServeBackend | None = None,
+    sandbox: CodeSandbox | None = None,
+    clock: Callable[[], datetime] = utcnow,
+) -> GatewayState:
+    """Wire the services of one replica (shared by Ray and in-process tests).
+
+    ``counters`` and ``metrics`` override the limit counters (default: Redis
+    when ``GATEWAY_REDIS_URL`` is set, else in-process) and the metrics backend;
+    ``objects`` the object store of generated videos (default: from settings);
+    ``sandbox`` the code sandbox (default: bubblewrap in this process);
+    ``clock`` the dedicated subsystem's (tests drive a manual one).
+    """
+    dedicated = build_dedicated(
+        config.dedicated,
+        config.catalog,
+        database,
+        dedicated_backend,
+        clock=clock,
+        floor=build_floor_counts(settings.redis_url, prefix=config.limits.redis_prefix)
+        if dedicated_backend is not None and config.dedicated.enabled
+        else None,
+    )
+    router = dedicated.router if dedicated is not None else None
+    catalog = Catalog(
+        config.catalog, alias_resolver=router.resolve_model if router is not None else None
+    )
+    images = ImagePolicy(**config.images.model_dump())
+    metering = build_metering(config, database, settings, counters=counters, metrics=metrics)
+    text = TextService(
+        catalog,
+        heads,
+        readiness,
+        images,
+        TimeoutPolicy(**config.timeouts.model_dump()),
+        metering,
+        head_lookup=router.head_for if router is not None else None,
+    )
+    tools = ToolRuntime.from_options(
+        config.tools,
+        settings.state_dir,
+        sandbox=sandbox or BwrapSandbox(config.tools.code_interpreter),
+    )
+    return GatewayState(
+        catalog=catalog,
+        auth=AuthService(
+            AccountStore(database, pepper=settings.key_pepper),
+            settings,
+            epochs=EpochWatch.build(database, settings.redis_url),
+        ),
+        text=text,
+        audio=AudioService(
+            catalog,
+            speech_heads or {},
+            transcription_heads or {},
+            readiness,
+            AudioPolicy(**config.audio.model_dump(exclude={"max_audio_seconds"})),
+            metering,
+        ),
+        responses=ResponsesService(text, tools),
+        tool_chat=ToolChatService(text, tools),
+        documents=DocumentService(
+            catalog,
+            document_heads or {},
+            readiness,
+            images,
+            DocumentPolicy(**config.documents.model_dump()),
+            metering,
+        ),
+        video=VideoService(
+            catalog,
+            video_heads or {},
+            readiness,
+            JobStore(database),
+            objects or build_object_store(settings),
+            config.video,
+            url_expiry_s=settings.object_url_expiry_s,
+            public_base_url=settings.public_base_url,
+            metering=metering,
+        ),
+        replays=build_replay_store(settings.redis_url, prefix=config.limits.redis_prefix),
+        dedicated=dedicated,
+    )
+
+
+async def build_replica(
+    args: dict[str, Any], handles: dict[str, Any], tool_runner: Any, app_name: str
+) -> tuple[GatewayAppArgs, GatewayState]:
+    """One Serve ingress replica's config and running services.
+
+    ``handles``: the bound heads' DeploymentHandles by model id; ``tool_runner``: the
+    code sandbox deployment's handle, or None to run code in-process; ``app_name``: the
+    Serve application whose heads' status is the readiness source.
+    """
+    configure_replica_logging()
+    config = GatewayAppArgs.model_validate(args)
+    clients = ray_head_clients(config.catalog, handles)
+    chat: dict[str, HeadClient] = dict(clients.chat)
+    chat.update({m.id: ExternalHeadClient(m) for m in config.catalog if m.is_external})
+    deployments = {m.id: m.deployment_name() for m in config.catalog if m.id in handles}
+    readiness = HeadReadiness(
+        serve_status_source(app_name, deployments), config.readiness_refresh_s
+    )
+    settings = get_settings()
+    if config.deployment_mode == "production":  # each replica's own environment counts
+        require_production_ready(settings)
+    database = Database.from_settings(settings)
+    database.migrate()
+    dedicated_backend = None
+    if config.dedicated.enabled:
+        from deployments.dedicated_head import DedicatedHead  # only a Serve replica needs it
+
+        dedicated_backend = RayServeBackend(DedicatedHead)
+    state = build_state(
+        config,
+        chat,
+        readiness,
+        database,
+        settings,
+        speech_heads=clients.speech,
+        transcription_heads=clients.transcription,
+        document_heads=clients.documents,
+        video_heads=clients.video,
+        dedicated_backend=dedicated_backend,
+        # Untrusted code runs in the tool-runner replicas, not in this process.
+        sandbox=RemoteSandbox(tool_runner) if tool_runner is not None else None,
+    )
+    # On the replica's loop: adopt spool files a dead replica left, start flushing.
+    await state.text.metering.start()
+    if state.dedicated is not None:
+        state.dedicated.start()  # alias refresh + the (lease-guarded) reconciler
+    return config, state
+
+
+async def close_replica(state: GatewayState) -> None:
+    """Graceful stop: hand the reconciler lease over, commit spooled usage, close the
+    counter, replay-store and account connections."""
+    if state.dedicated is not None:
+        await state.dedicated.stop()  # hands the reconciler lease over at once
+    await state.video.aclose()
+    await state.text.metering.aclose()
+    await state.replays.aclose()
+    await state.auth.aclose()
