@@ -8,7 +8,11 @@ and ``importlib.import_module("literal")``. A failure lists each offending
 
 - the heads (``deployments``) reach the gateway only through ``serve_app.contract``;
 - ``serve_app.contract`` imports neither the rest of ``serve_app`` nor ``deployments``;
-- ``serve_app.protocol`` (wire formats) imports nothing from ``deployments``;
+- in the gateway only the composition root (``serve_app.composition``), the Serve
+  builder (``serve_app.builders``) and the CLI import ``deployments``: every other
+  module, the head clients included, reaches heads through handles and the contract;
+- the head clients (``serve_app.heads``) sit below the services that call them and
+  import no service, route, ingress or root;
 - the foundations (auth, limits, billing, storage, catalog) import no service,
   route or ingress module, and no head;
 - ``serve_app.routes`` is the top: only the ingress (which assembles the app) imports it.
@@ -34,9 +38,17 @@ ABOVE_FOUNDATIONS = (
     "jobs",
     "tools",
     "dedicated",
+    "heads",
+    "composition",
     "builders",
     "cli",
     "config",
+)
+MAY_IMPORT_HEADS = ("composition", "builders", "cli")
+"""The gateway modules that build heads or their cores (or bind their deployments)."""
+ABOVE_HEAD_CLIENTS = tuple(
+    f"serve_app.{p}"
+    for p in ("routes", "ingress", "inference", "jobs", "tools", "dedicated", *MAY_IMPORT_HEADS)
 )
 
 
@@ -69,9 +81,17 @@ RULES = (
         ),
     ),
     Rule(
-        "serve_app.protocol imports nothing from deployments",
-        lambda src: _within(src, "serve_app.protocol"),
+        "only the composition root, builders and cli import deployments",
+        lambda src: (
+            _within(src, "serve_app")
+            and not _within(src, *(f"serve_app.{p}" for p in MAY_IMPORT_HEADS))
+        ),
         lambda dst: _within(dst, "deployments"),
+    ),
+    Rule(
+        "the head clients (serve_app.heads) import no service, route, ingress or root",
+        lambda src: _within(src, "serve_app.heads"),
+        lambda dst: _within(dst, *ABOVE_HEAD_CLIENTS),
     ),
     Rule(
         "foundations (auth, limits, billing, storage, catalog) import no upper layer or head",
@@ -158,6 +178,10 @@ UPWARD = {
     "serve_app/billing/d.py": "from serve_app.inference.metering import MeteredRequest\n",
     "serve_app/storage/__init__.py": "from . import x\nfrom ..routes import chat\n",
     "serve_app/inference/e.py": "from serve_app.routes.chat import router\n",
+    "serve_app/heads/f.py": "def f():\n    from deployments.chat_head import ChatHeadCore\n",
+    "serve_app/dedicated/g.py": "from deployments.dedicated_head import DedicatedHead\n",
+    "serve_app/ingress/h.py": "import deployments.replica_logging\n",
+    "serve_app/heads/i.py": "from serve_app.inference.metering import Metering\n",
 }
 ALLOWED = {
     "deployments/ok.py": "from serve_app.contract.text import TextDelta\n"
@@ -168,6 +192,13 @@ ALLOWED = {
     "serve_app/ingress/ok.py": "from serve_app.routes import chat\n",
     "serve_app/billing/ok.py": "from serve_app.storage.db import Database\n"
     "from serve_app.catalog.config import PricingConfig\n",
+    "serve_app/composition.py": "from deployments.sandbox.bwrap import BwrapSandbox\n"
+    "from serve_app.heads.client import RayHeadClient\n",
+    "serve_app/builders.py": "from deployments.chat_head import ChatHead\n",
+    "serve_app/cli/ok.py": "from deployments.engines.model_prep import ensure_model\n",
+    "serve_app/heads/ok.py": "from serve_app.contract.text import HeadEvent\n"
+    "from serve_app.catalog.config import CatalogModel\n",
+    "serve_app/dedicated/ok.py": "from serve_app.heads.client import HeadClient\n",
 }
 
 
@@ -183,8 +214,13 @@ ALLOWED = {
                 "deployments/head.py:2",
                 "serve_app/billing/d.py:1",
                 "serve_app/contract/a.py:3",
+                "serve_app/contract/a.py:3",  # the contract, and not the root: two rules
                 "serve_app/contract/b.py:1",
+                "serve_app/dedicated/g.py:1",
+                "serve_app/heads/f.py:2",
+                "serve_app/heads/i.py:1",
                 "serve_app/inference/e.py:1",
+                "serve_app/ingress/h.py:1",
                 "serve_app/protocol/c.py:1",
                 "serve_app/storage/__init__.py:2",  # a foundation importing routes,
                 "serve_app/storage/__init__.py:2",  # and a module besides the ingress
