@@ -18,9 +18,9 @@ from typing import Any
 from PIL import Image
 
 from tests.fixtures.gateway import GatewayHarness, HarnessFactory
+from tests.fixtures.open_responses import Conformance
+from tests.fixtures.open_responses import parse_sse as parse
 from tests.fixtures.tool_servers import script
-from tests.unit.responses.open_responses import Conformance
-from tests.unit.responses.test_responses_stream import parse
 
 WEATHER = {
     "type": "function",
