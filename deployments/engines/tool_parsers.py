@@ -173,6 +173,11 @@ class _Scanner:
             full, _ = partial_json_loads(text, Allow.ALL)
         except (partial_json_parser.core.exceptions.MalformedJSON, ValueError):
             raise _NotACall from None
+        except (AssertionError, IndexError):
+            # partial_json_parser's bracket matcher asserts on a mismatched closer
+            # (``{"a": [1}``) and pops an empty stack on a surplus one (``{}}``): malformed
+            # JSON, not a call. Uncaught, vLLM ends the stream with an error chunk.
+            raise _NotACall from None
         calls = self._calls_from(named, complete=False)
         full_calls = self._calls_from(full, complete=False) if calls else []
         for call, fuller in zip(calls, full_calls, strict=False):

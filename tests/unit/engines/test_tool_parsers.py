@@ -372,3 +372,31 @@ def test_held_text_is_released_when_the_output_stops(parser_cls: Any, qwen_token
     for text in ('```json\n{"name": "get_wea', "See you <tool_"):
         streamed = stream(parser_cls, qwen_tokenizer, synthetic(text))
         assert (streamed.calls(), streamed.content) == ([], text)
+
+
+@pytest.mark.parametrize(
+    ("text", "announced"),
+    [
+        # a mismatched closer, in a call, then in JSON that is no call
+        ('{"name": "get_weather", "arguments": {"city": "Paris"]}', True),
+        ('```json\n{"a": [1}\n```', False),
+        # a surplus closer inside the tag (the tag's end is not there yet while it streams)
+        (
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}}\n</tool_call>',
+            True,
+        ),
+    ],
+)
+def test_mismatched_brackets_are_malformed_json_not_a_broken_stream(
+    parser_cls: Any, qwen_tokenizer: Any, text: str, announced: bool
+) -> None:
+    # partial_json_parser asserts on a mismatched closer and pops an empty stack on a
+    # surplus one; escaping the parser, either ended vLLM's stream with an error chunk
+    # (seen on the Serve stack: a sampled Qwen answer became response.failed).
+    sample = synthetic(text)
+    assert parse_whole(parser_cls, qwen_tokenizer, sample)[:2] == ([], text)
+    streamed = stream(parser_cls, qwen_tokenizer, sample)
+    if announced:  # as in test_a_call_whose_json_turns_malformed_is_not_taken_back
+        assert (list(streamed.names.values()), streamed.content) == (["get_weather"], "")
+    else:
+        assert (streamed.calls(), streamed.content) == ([], text)

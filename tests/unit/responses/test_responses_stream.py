@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from tests.fixtures.gateway import GatewayHarness
+from tests.fixtures.open_responses import parse_sse as parse
 from tests.fixtures.tool_servers import script
 
 TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
-
-
-def parse(body: str) -> list[dict[str, Any]]:
-    """Every SSE block must be ``event: NAME`` + ``data: {...}`` with a matching type."""
-    events = []
-    for block in body.strip().split("\n\n"):
-        name_line, data_line = block.split("\n")
-        assert name_line.startswith("event: ") and data_line.startswith("data: "), block
-        event = json.loads(data_line[len("data: ") :])
-        assert event["type"] == name_line[len("event: ") :]
-        events.append(event)
-    return events
 
 
 async def stream(gw: GatewayHarness, key: str = "tools", **fields: Any) -> list[dict[str, Any]]:

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from tests.fixtures.gateway import GatewayHarness, HarnessFactory
+from tests.fixtures.open_responses import parse_sse as parse
 from tests.fixtures.tool_servers import LocalWeb, script, tool_args
 from tests.unit.ingress.test_limits_and_usage import ledger_records
-from tests.unit.responses.test_responses_stream import parse
 
 WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
 BREAKS_AFTER_TWO_WORDS = script({"reply": "one two three four", "fail_after": 2})
