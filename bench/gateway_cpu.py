@@ -6,6 +6,11 @@ microsecond measured is the gateway's: parsing, validation, auth, admission,
 framing, billing. ``--profile`` prints where that time goes (cProfile).
 
     .venv/bin/python bench/gateway_cpu.py --requests 400 [--profile]
+
+``--words N`` makes each answer N tokens long (on the scripted model with the
+larger context window), so the per-chunk cost of a stream dominates the figure.
+
+    .venv/bin/python bench/gateway_cpu.py --requests 200 --words 200
 """
 
 from __future__ import annotations
@@ -31,7 +36,19 @@ BODY = {
 }
 
 
-async def _run(n: int, stream: bool) -> float:
+def _body(words: int) -> dict[str, object]:
+    """The default 8-token chat, or an N-word prompt echoed back as N chunks."""
+    if not words:
+        return BODY
+    prompt = " ".join(f"w{i}" for i in range(words))
+    return {
+        "model": "scripted-tools",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": words,
+    }
+
+
+async def _run(n: int, stream: bool, words: int = 0) -> float:
     harness = build_harness(
         Path(tempfile.mkdtemp()) / "gw.db",
         {"limits": {"rpm": 10**6, "tpm": 10**9}},
@@ -39,7 +56,7 @@ async def _run(n: int, stream: bool) -> float:
     )
     await start_heads(harness)
     add_keys(harness)
-    body = {**BODY, "stream": stream}
+    body = {**_body(words), "stream": stream}
     async with harness.client(harness.keys["user"]) as http:
         for _ in range(20):
             (await http.post("/v1/chat/completions", json=body)).raise_for_status()
@@ -56,15 +73,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--profile", action="store_true", help="print the top functions")
+    parser.add_argument(
+        "--words", type=int, default=0, help="tokens per answer (0: the 8-token default chat)"
+    )
     args = parser.parse_args()
     profiler = cProfile.Profile() if args.profile else None
     if profiler:
         profiler.enable()
-    json_s = asyncio.run(_run(args.requests, stream=False))
-    stream_s = asyncio.run(_run(args.requests, stream=True))
+    json_s = asyncio.run(_run(args.requests, stream=False, words=args.words))
+    stream_s = asyncio.run(_run(args.requests, stream=True, words=args.words))
     if profiler:
         profiler.disable()
-    print("gateway CPU per request (client included, 8 tokens, zero-cost engine, 1 core):")
+    tokens = args.words or 8
+    print(f"gateway CPU per request (client included, {tokens} tokens, zero-cost engine, 1 core):")
     print(f"  json   {json_s * 1e6:8.0f} us  -> {1 / json_s:7.0f} req/s per core")
     print(f"  stream {stream_s * 1e6:8.0f} us  -> {1 / stream_s:7.0f} req/s per core")
     if profiler:
