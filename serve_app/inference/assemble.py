@@ -11,8 +11,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from serve_app.contract.text import GenerationDone, TextDelta, ToolCallDelta, merge_tool_call
+from serve_app.catalog.config import CatalogModel
+from serve_app.contract.text import (
+    GenerationDone,
+    HeadEvent,
+    TextDelta,
+    ToolCallDelta,
+    merge_tool_call,
+)
 from serve_app.protocol.common import Usage
+from serve_app.protocol.headers import RESIDENCY_HEADER, ignored_params_header
 
 
 @dataclass
@@ -54,9 +62,25 @@ class Collected:
             state = self.choices[delta.choice_index] = ChoiceState(delta.choice_index)
         state.add(delta)
 
+    def take(self, event: HeadEvent) -> None:
+        """One head event of a non-streamed answer: a delta, or the final counts."""
+        if isinstance(event, TextDelta):
+            self.add(event)
+        elif isinstance(event, GenerationDone):
+            self.done = event
+
     def produced_tokens(self) -> int:
         """Tokens generated so far, for billing a stream that broke."""
         return sum(c.completion_tokens for c in self.choices.values())
+
+
+def answer_headers(ignored: list[str], model: CatalogModel) -> dict[str, str]:
+    """``x-service-ignored-params`` and, for an external model, the residency header;
+    the same on chat, completions, responses and the tool loop."""
+    headers = ignored_params_header(ignored)
+    if model.is_external:
+        headers[RESIDENCY_HEADER] = "external"
+    return headers
 
 
 def usage_of(done: GenerationDone, separate_channel: bool) -> Usage:

@@ -23,7 +23,7 @@ import uuid
 from typing import Any
 
 from serve_app.contract.text import GenerationDone, TextDelta, ToolCallDelta
-from serve_app.ingress.streaming import sse_event
+from serve_app.inference.sse import sse_event
 from serve_app.protocol.errors import GatewayError
 from serve_app.tools.citations import SourceList
 from serve_app.tools.runners import ToolCallRecord

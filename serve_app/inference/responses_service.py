@@ -12,7 +12,6 @@ failure of the model is no longer an HTTP error: it ends the response as
 from __future__ import annotations
 
 import functools
-import logging
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,6 +22,7 @@ from serve_app.auth.principal import Principal
 from serve_app.catalog.catalog import residency_routing
 from serve_app.catalog.config import CatalogModel
 from serve_app.contract.text import GenerationDone, HeadRequest, PromptSpec, SamplingSpec
+from serve_app.inference.assemble import answer_headers
 from serve_app.inference.metering import MeteredRequest, RequestMeta
 from serve_app.inference.responses_echo import response_settings
 from serve_app.inference.responses_input import (
@@ -33,11 +33,10 @@ from serve_app.inference.responses_input import (
     reasoning_kwargs,
 )
 from serve_app.inference.responses_render import ResponseBuilder
-from serve_app.inference.text_service import MeteredStreamingResponse, TextService
-from serve_app.ingress.streaming import SSE_HEADERS, aclose_quietly
-from serve_app.protocol.errors import GatewayError, InvalidRequestError, UpstreamError
+from serve_app.inference.streams import MeteredStream, sse_response
+from serve_app.inference.text_service import TextService
+from serve_app.protocol.errors import GatewayError, InvalidRequestError
 from serve_app.protocol.responses import ResponsesRequest
-from serve_app.tools.chat import response_headers
 from serve_app.tools.declarations import (
     ServerToolPlan,
     build_plan,
@@ -55,8 +54,6 @@ from serve_app.tools.loop import (
 )
 from serve_app.tools.runners import ToolBox, ToolRuntime
 
-logger = logging.getLogger(__name__)
-
 
 class _ResponsesRun:
     """One request through the loop, rendered as a Response or as named events."""
@@ -64,11 +61,9 @@ class _ResponsesRun:
     def __init__(self, loop: ToolLoop, builder: ResponseBuilder, metered: MeteredRequest) -> None:
         self.builder = builder
         self.metered = metered
-        self.events: AsyncIterator[LoopEvent] = loop.run()
-
-    async def release(self) -> None:
-        await aclose_quietly(self.events)
-        await self.metered.finish(aborted=True)
+        self.stream: MeteredStream[LoopEvent] = MeteredStream(
+            loop.run(), metered, label="responses stream"
+        )
 
     def _frames_for(self, event: LoopEvent) -> list[bytes]:
         if isinstance(event, ToolCallStarted):
@@ -79,48 +74,22 @@ class _ResponsesRun:
             return self.builder.delta(event.delta)
         return self.builder.finished(event.done, event.finish_reason)
 
-    def _partial_usage(self) -> GenerationDone:
+    def _failed(self, err: GatewayError) -> list[bytes]:
+        """After the response started, a failure ends it as incomplete or failed."""
         quantities = self.metered.usage.quantities(1)
-        return GenerationDone(quantities.prompt_tokens, quantities.completion_tokens)
+        partial = GenerationDone(quantities.prompt_tokens, quantities.completion_tokens)
+        return self.builder.failed(err, partial)
 
-    async def frames(self) -> AsyncIterator[bytes]:
+    def frames(self) -> AsyncIterator[bytes]:
         """``response.created`` ... one terminal event; no ``[DONE]`` (spec 6)."""
-        aborted, failure = True, None
-        try:
-            for frame in self.builder.created():
-                yield frame
-            async for event in self.events:
-                for frame in self._frames_for(event):
-                    yield frame
-            aborted = False
-        except GatewayError as err:
-            aborted, failure = False, err
-        except Exception:
-            aborted, failure = False, UpstreamError("The model stream broke.")
-            logger.exception("responses stream failed")
-        finally:
-            await aclose_quietly(self.events)
-            await self.metered.finish(aborted=aborted)
-        if failure is not None:
-            for frame in self.builder.failed(failure, self._partial_usage()):
-                yield frame
+        return self.stream.relay(
+            self._frames_for, opening=self.builder.created(), on_failure=self._failed
+        )
 
     async def body(self) -> dict[str, Any]:
-        aborted = True
-        try:
-            async for event in self.events:
-                self._frames_for(event)
-            aborted = False
-        except GatewayError as err:
-            aborted = False
-            self.builder.failed(err, self._partial_usage())
-        except Exception:
-            aborted = False
-            logger.exception("responses request failed")
-            self.builder.failed(UpstreamError("The model stream broke."), self._partial_usage())
-        finally:
-            await aclose_quietly(self.events)
-            await self.metered.finish(aborted=aborted)
+        failure = await self.stream.drain(self._frames_for, keep_failure=True)
+        if failure is not None:
+            self._failed(failure)
         return self.builder.response
 
 
@@ -177,15 +146,10 @@ class ResponsesService:
         ignored = list(started.ignored_params)
         if body.parallel_tool_calls is False:
             ignored.append("parallel_tool_calls")  # every call the model makes is returned
-        headers = response_headers(ignored, model)
+        headers = answer_headers(ignored, model)
         if not body.stream:
             return JSONResponse(await run.body(), headers=headers)
-        return MeteredStreamingResponse(
-            run.frames(),
-            release=run.release,
-            media_type="text/event-stream",
-            headers={**SSE_HEADERS, **headers},
-        )
+        return sse_response(run.stream, run.frames(), headers)
 
     def _resolve(self, model_id: str, principal: Principal) -> CatalogModel:
         if model_id.startswith("ded/"):

@@ -5,54 +5,49 @@ Routes stay thin by handing the validated body and the caller to
 the checks (catalog -> translation -> readiness -> head -> limits). Limits come
 after the head accepted the prompt because only then is the token count known;
 a 429 closes the head stream, which aborts the generation. Whatever way an
-admitted request ends, its ``MeteredRequest.finish`` runs once (``finally``).
+admitted request ends, ``MeteredStream`` (``serve_app.inference.streams``)
+closes the head and runs its ``MeteredRequest.finish`` once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+import functools
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import JSONResponse
 
 from serve_app.auth.principal import Principal
 from serve_app.catalog.catalog import Catalog, residency_routing
 from serve_app.catalog.config import CatalogModel
-from serve_app.contract.errors import HeadFailure
 from serve_app.contract.text import GenerationDone, HeadEvent, HeadRequest, HeadStarted, TextDelta
 from serve_app.heads.client import HeadClient
 from serve_app.inference.assemble import (
     ChatChunker,
     Collected,
     CompletionChunker,
+    answer_headers,
     chat_completion_body,
     completion_body,
 )
 from serve_app.inference.images import ImagePolicy
 from serve_app.inference.metering import MeteredRequest, Metering, RequestMeta
 from serve_app.inference.readiness import HeadReadiness
-from serve_app.inference.translate import Translated, translate_chat, translate_completion
-from serve_app.ingress.streaming import (
-    DONE_LINE,
-    SSE_HEADERS,
+from serve_app.inference.sse import DONE_LINE, sse_data
+from serve_app.inference.streams import (
+    MeteredStream,
     aclose_quietly,
     peek_first_output,
     read_head_started,
-    sse_data,
-    sse_error,
+    sse_response,
     with_timeouts,
 )
+from serve_app.inference.translate import Translated, translate_chat, translate_completion
 from serve_app.protocol.chat import ChatCompletionRequest
 from serve_app.protocol.completions import CompletionRequest
-from serve_app.protocol.errors import GatewayError, ModelUnavailableError, UpstreamError
-from serve_app.protocol.headers import RESIDENCY_HEADER, ignored_params_header
-from serve_app.protocol.models import ResidencyRouting
-
-logger = logging.getLogger(__name__)
+from serve_app.protocol.errors import ModelUnavailableError, UpstreamError
 
 
 @dataclass(frozen=True)
@@ -130,24 +125,31 @@ class TextService:
     ) -> Any:
         request = translated.head_request
         started, events, metered = await self._open(meta, request)
-        headers = ignored_params_header(translated.ignored_params + started.ignored_params)
+        headers = answer_headers(translated.ignored_params + started.ignored_params, meta.model)
         routing = residency_routing(meta.model)
-        if routing is not None:
-            headers[RESIDENCY_HEADER] = "external"
+        answer = MeteredStream(events, metered, observe=metered.observe)
         if not stream:
-            collected = await _collect(events, metered)
+            collected = Collected()
+            await answer.drain(collected.take)
+            if collected.done is None:
+                raise UpstreamError("The model stream ended without a result.")
             body = body_builder(request.request_id, collected)
             if routing is not None:
                 body["routing"] = routing.model_dump(exclude_none=True)
             return JSONResponse(body, headers=headers)
         chunker = chunker_factory(request.request_id)
-        frames = _sse_frames(events, chunker, meta.n_choices, include_usage, metered, routing)
-        return MeteredStreamingResponse(
-            frames,
-            release=lambda: _release(events, metered),
-            media_type="text/event-stream",
-            headers={**SSE_HEADERS, **headers},
+        first = chunker.role(meta.n_choices)
+        # An externally served stream ends with one ``routing`` chunk just before
+        # ``[DONE]`` (spec 2.3), whatever happened before it.
+        closing = [DONE_LINE]
+        if routing is not None:
+            closing.insert(0, sse_data(chunker.routing(routing.model_dump(exclude_none=True))))
+        frames = answer.relay(
+            functools.partial(_chunks, chunker, include_usage),
+            opening=[sse_data(first)] if first is not None else [],
+            closing=closing,
         )
+        return sse_response(answer, frames, headers)
 
     async def _open(
         self, meta: RequestMeta, request: HeadRequest
@@ -221,110 +223,13 @@ class TextService:
         return await self._start(model, request)
 
 
-class MeteredStreamingResponse(StreamingResponse):
-    """A stream response that closes its body and releases the request however it ends.
-
-    Starlette leaves the body generator suspended when the client disconnects
-    (ASGI 2.4 raises ``ClientDisconnect``; older servers cancel the sender), so
-    its ``finally`` would run only whenever the garbage collector finds it, and
-    never when the client left before the first byte. Closing it here runs the
-    head release, billing and settlement at once; ``release`` then covers a body
-    that never started (both steps are idempotent).
-    """
-
-    def __init__(
-        self,
-        content: AsyncIterator[bytes],
-        *,
-        release: Callable[[], Awaitable[None]],
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(content, **kwargs)
-        self._frames = content
-        self._release = release
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await aclose_quietly(self._frames)
-            await self._release()
-
-
-async def _release(events: AsyncIterator[HeadEvent], metered: MeteredRequest) -> None:
-    await aclose_quietly(events)
-    await metered.finish(aborted=True)
-
-
-async def _collect(events: AsyncIterator[HeadEvent], metered: MeteredRequest) -> Collected:
-    collected = Collected()
-    aborted = True  # stays True only when cancelled (the client went away)
-    try:
-        async for event in events:
-            metered.observe(event)
-            if isinstance(event, TextDelta):
-                collected.add(event)
-            elif isinstance(event, GenerationDone):
-                collected.done = event
-            elif isinstance(event, HeadFailure):
-                aborted = False
-                raise event.to_error()
-        aborted = False
-    except Exception:
-        aborted = False
-        raise
-    finally:
-        await aclose_quietly(events)
-        await metered.finish(aborted=aborted)
-    if collected.done is None:
-        raise UpstreamError("The model stream ended without a result.")
-    return collected
-
-
-async def _sse_frames(
-    events: AsyncIterator[HeadEvent],
-    chunker: ChatChunker | CompletionChunker,
-    n_choices: int,
-    include_usage: bool,
-    metered: MeteredRequest,
-    routing: ResidencyRouting | None = None,
-) -> AsyncIterator[bytes]:
-    """The body of a streamed answer; errors after the first byte become events.
-
-    An externally served stream ends with one ``routing`` chunk just before
-    ``[DONE]`` (spec 2.3), whatever happened before it.
-    """
-    aborted = True  # stays True only when the client leaves mid-stream
-    try:
-        first = chunker.role(n_choices)
-        if first is not None:
-            yield sse_data(first)
-        async for event in events:
-            metered.observe(event)
-            if isinstance(event, TextDelta):
-                chunk = chunker.delta(event)
-                if chunk is not None:
-                    yield sse_data(chunk)
-            elif isinstance(event, GenerationDone):
-                if include_usage:
-                    yield sse_data(chunker.usage(event))
-            elif isinstance(event, HeadFailure):
-                aborted = False
-                yield sse_error(event.to_error())
-                break
-        aborted = False
-    except GatewayError as err:
-        aborted = False
-        yield sse_error(err)
-    except Exception:
-        aborted = False
-        logger.exception("stream failed")
-        yield sse_error(UpstreamError("The model stream broke."))
-    finally:
-        # Client gone or stream over: release the head (aborts the engine request),
-        # then bill what was produced and settle the reservation.
-        await aclose_quietly(events)
-        await metered.finish(aborted=aborted)
-    if routing is not None:
-        yield sse_data(chunker.routing(routing.model_dump(exclude_none=True)))
-    yield DONE_LINE
+def _chunks(
+    chunker: ChatChunker | CompletionChunker, include_usage: bool, event: HeadEvent
+) -> Iterable[bytes]:
+    """The SSE frames of one head event: a delta's chunk, the usage chunk if asked for."""
+    if isinstance(event, TextDelta):
+        chunk = chunker.delta(event)
+        return () if chunk is None else (sse_data(chunk),)
+    if isinstance(event, GenerationDone) and include_usage:
+        return (sse_data(chunker.usage(event)),)
+    return ()

@@ -12,7 +12,6 @@ chunk, and exactly one ``done`` chunk. Tool failures are silent here (rule 7).
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,14 +20,19 @@ from fastapi.responses import JSONResponse
 from serve_app.auth.principal import Principal
 from serve_app.catalog.catalog import residency_routing
 from serve_app.catalog.config import CatalogModel
-from serve_app.inference.assemble import ChatChunker, Collected, chat_completion_body
+from serve_app.inference.assemble import (
+    ChatChunker,
+    Collected,
+    answer_headers,
+    chat_completion_body,
+)
 from serve_app.inference.metering import MeteredRequest, RequestMeta
-from serve_app.inference.text_service import MeteredStreamingResponse, TextService
+from serve_app.inference.sse import DONE_LINE, sse_data, sse_error
+from serve_app.inference.streams import MeteredStream, sse_response
+from serve_app.inference.text_service import TextService
 from serve_app.inference.translate import translate_chat
-from serve_app.ingress.streaming import DONE_LINE, SSE_HEADERS, aclose_quietly, sse_data, sse_error
 from serve_app.protocol.chat import ChatCompletionRequest
-from serve_app.protocol.errors import GatewayError, InvalidRequestError, UpstreamError
-from serve_app.protocol.headers import RESIDENCY_HEADER, ignored_params_header
+from serve_app.protocol.errors import InvalidRequestError
 from serve_app.tools.declarations import (
     build_plan,
     check_entitlements,
@@ -38,8 +42,6 @@ from serve_app.tools.declarations import (
 from serve_app.tools.guidance import equip_request
 from serve_app.tools.loop import AnswerDelta, LoopEvent, LoopFinished, ToolCallStarted, ToolLoop
 from serve_app.tools.runners import ToolBox, ToolCallRecord, ToolRuntime
-
-logger = logging.getLogger(__name__)
 
 
 def declares_server_tools(body: ChatCompletionRequest) -> bool:
@@ -78,7 +80,9 @@ class _ChatRun:
         self.model = model
         self.price_per_search = price_per_search
         self.request_id = metered.meta.request_id
-        self.events: AsyncIterator[LoopEvent] = loop.run()
+        self.stream: MeteredStream[LoopEvent] = MeteredStream(
+            loop.run(), metered, label="tool loop stream"
+        )
         self._text: list[str] = []
 
     def done_object(self) -> dict[str, Any]:
@@ -91,26 +95,9 @@ class _ChatRun:
     def cites(self) -> bool:
         return any(self.toolbox.plan.allows(k) for k in ("web_search", "web_fetch"))
 
-    async def release(self) -> None:
-        await aclose_quietly(self.events)
-        await self.metered.finish(aborted=True)
-
     async def body(self) -> dict[str, Any]:
         collected = Collected()
-        aborted = True
-        try:
-            async for event in self.events:
-                if isinstance(event, AnswerDelta):
-                    collected.add(event.delta)
-                elif isinstance(event, LoopFinished):
-                    collected.done = event.done
-            aborted = False
-        except Exception:
-            aborted = False
-            raise
-        finally:
-            await aclose_quietly(self.events)
-            await self.metered.finish(aborted=aborted)
+        await self.stream.drain(functools.partial(_collect, collected))
         separate = self.model.reasoning.separate_channel
         body = chat_completion_body(self.request_id, self.model.id, collected, 1, separate)
         message = body["choices"][0]["message"]
@@ -124,30 +111,21 @@ class _ChatRun:
             }
         return body
 
-    async def frames(self, include_usage: bool) -> AsyncIterator[bytes]:
+    def frames(self, include_usage: bool) -> AsyncIterator[bytes]:
         chunker = ChatChunker(self.request_id, self.model.id, self.model.reasoning.separate_channel)
-        aborted, failure = True, None
-        try:
-            yield sse_data(chunker.role(1))
-            async for event in self.events:
-                for chunk in self._chunks(chunker, event, include_usage):
-                    yield sse_data(chunk)
-            aborted = False
-        except GatewayError as err:
-            aborted, failure = False, err
-        except Exception:
-            aborted, failure = False, UpstreamError("The model stream broke.")
-            logger.exception("tool loop stream failed")
-        finally:
-            await aclose_quietly(self.events)
-            await self.metered.finish(aborted=aborted)
-        if failure is not None:
-            yield sse_data(self._extension(chunker, self.done_object()))
-            yield sse_error(failure)
+        closing = [DONE_LINE]
         routing = residency_routing(self.model)
         if routing is not None:
-            yield sse_data(chunker.routing(routing.model_dump(exclude_none=True)))
-        yield DONE_LINE
+            closing.insert(0, sse_data(chunker.routing(routing.model_dump(exclude_none=True))))
+        return self.stream.relay(
+            lambda event: [sse_data(c) for c in self._chunks(chunker, event, include_usage)],
+            opening=[sse_data(chunker.role(1))],
+            on_failure=lambda err: [
+                sse_data(self._extension(chunker, self.done_object())),
+                sse_error(err),
+            ],
+            closing=closing,
+        )
 
     def _chunks(
         self, chunker: ChatChunker, event: LoopEvent, include_usage: bool
@@ -217,15 +195,17 @@ class ToolChatService:
         run = _ChatRun(
             loop, toolbox, metered, model, self.runtime.options.web_search.price_per_search
         )
-        headers = response_headers(translated.ignored_params + started.ignored_params, model)
+        headers = answer_headers(translated.ignored_params + started.ignored_params, model)
         if not body.stream:
             return JSONResponse(await _with_routing(run, model), headers=headers)
-        return MeteredStreamingResponse(
-            run.frames(body.include_usage()),
-            release=run.release,
-            media_type="text/event-stream",
-            headers={**SSE_HEADERS, **headers},
-        )
+        return sse_response(run.stream, run.frames(body.include_usage()), headers)
+
+
+def _collect(collected: Collected, event: LoopEvent) -> None:
+    if isinstance(event, AnswerDelta):
+        collected.add(event.delta)
+    elif isinstance(event, LoopFinished):
+        collected.done = event.done
 
 
 async def _with_routing(run: _ChatRun, model: CatalogModel) -> dict[str, Any]:
@@ -234,11 +214,3 @@ async def _with_routing(run: _ChatRun, model: CatalogModel) -> dict[str, Any]:
     if routing is not None:
         body["routing"] = routing.model_dump(exclude_none=True)
     return body
-
-
-def response_headers(ignored: list[str], model: CatalogModel) -> dict[str, str]:
-    """``x-service-ignored-params`` and the residency header (shared with responses)."""
-    headers = ignored_params_header(ignored)
-    if model.is_external:
-        headers[RESIDENCY_HEADER] = "external"
-    return headers

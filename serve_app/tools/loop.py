@@ -43,7 +43,7 @@ from serve_app.contract.text import (
     merge_tool_call,
 )
 from serve_app.inference.metering import MeteredRequest
-from serve_app.ingress.streaming import aclose_quietly
+from serve_app.inference.streams import aclose_quietly
 from serve_app.protocol.errors import UpstreamError
 from serve_app.tools.declarations import ServerToolPlan
 from serve_app.tools.guidance import tool_schemas

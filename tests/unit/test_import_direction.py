@@ -15,7 +15,10 @@ and ``importlib.import_module("literal")``. A failure lists each offending
   import no service, route, ingress or root;
 - the foundations (auth, limits, billing, storage, catalog) import no service,
   route or ingress module, and no head;
-- ``serve_app.routes`` is the top: only the ingress (which assembles the app) imports it.
+- ``serve_app.routes`` is the top: only the ingress (which assembles the app) imports it;
+- the ingress keeps HTTP concerns only: the services (``inference``) and the tools
+  import nothing from ``serve_app.ingress`` (stream handling lives in
+  ``serve_app.inference.streams``).
 """
 
 from __future__ import annotations
@@ -103,6 +106,11 @@ RULES = (
         lambda src: not _within(src, "serve_app.routes", "serve_app.ingress"),
         lambda dst: _within(dst, "serve_app.routes"),
     ),
+    Rule(
+        "services and tools import nothing from serve_app.ingress (HTTP only)",
+        lambda src: _within(src, "serve_app.inference", "serve_app.tools"),
+        lambda dst: _within(dst, "serve_app.ingress"),
+    ),
 )
 
 
@@ -182,6 +190,8 @@ UPWARD = {
     "serve_app/dedicated/g.py": "from deployments.dedicated_head import DedicatedHead\n",
     "serve_app/ingress/h.py": "import deployments.replica_logging\n",
     "serve_app/heads/i.py": "from serve_app.inference.metering import Metering\n",
+    "serve_app/inference/j.py": "from serve_app.ingress.deps import caller\n",
+    "serve_app/tools/k.py": "def f():\n    import serve_app.ingress\n",
 }
 ALLOWED = {
     "deployments/ok.py": "from serve_app.contract.text import TextDelta\n"
@@ -189,7 +199,8 @@ ALLOWED = {
     "serve_app/contract/ok.py": "from serve_app.contract.errors import HeadFailure\n"
     "from .errors import GatewayError\nimport pydantic\n",
     "serve_app/routes/ok.py": "from serve_app.inference.metering import MeteredRequest\n",
-    "serve_app/ingress/ok.py": "from serve_app.routes import chat\n",
+    "serve_app/ingress/ok.py": "from serve_app.routes import chat\n"
+    "from serve_app.inference.streams import MeteredStream\n",
     "serve_app/billing/ok.py": "from serve_app.storage.db import Database\n"
     "from serve_app.catalog.config import PricingConfig\n",
     "serve_app/composition.py": "from deployments.sandbox.bwrap import BwrapSandbox\n"
@@ -220,10 +231,12 @@ ALLOWED = {
                 "serve_app/heads/f.py:2",
                 "serve_app/heads/i.py:1",
                 "serve_app/inference/e.py:1",
+                "serve_app/inference/j.py:1",
                 "serve_app/ingress/h.py:1",
                 "serve_app/protocol/c.py:1",
                 "serve_app/storage/__init__.py:2",  # a foundation importing routes,
                 "serve_app/storage/__init__.py:2",  # and a module besides the ingress
+                "serve_app/tools/k.py:2",
             ],
             id="upward imports",
         ),

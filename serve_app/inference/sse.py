@@ -1,0 +1,36 @@
+"""Server-sent events framing: ``data:`` lines, named events, the error event, ``[DONE]``.
+
+The chat and completions chunks are serialized by their protocol types
+(``serve_app.inference.assemble``) and framed with ``sse_frame``; the responses
+route's named events and the error envelope are plain dicts (``sse_event``,
+``sse_error``). A failure after the first byte is never a silent cut: it is
+``data: {"error": {...}}`` (then ``data: [DONE]`` on the chat routes).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from serve_app.protocol.errors import GatewayError
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+DONE_LINE = b"data: [DONE]\n\n"
+
+
+def sse_frame(payload: bytes) -> bytes:
+    """One ``data:`` event around an already serialized JSON payload."""
+    return b"data: " + payload + b"\n\n"
+
+
+def sse_data(payload: dict[str, Any]) -> bytes:
+    return sse_frame(json.dumps(payload, separators=(",", ":")).encode())
+
+
+def sse_event(event: str, payload: dict[str, Any]) -> bytes:
+    """A named event (responses route): ``event:`` line then ``data:`` line."""
+    return f"event: {event}\n".encode() + sse_data(payload)
+
+
+def sse_error(err: GatewayError) -> bytes:
+    return sse_data(err.envelope())
