@@ -52,6 +52,7 @@ from serve_app.inference.metering import build_metering
 from serve_app.inference.readiness import HeadReadiness, serve_status_source
 from serve_app.inference.responses_service import ResponsesService
 from serve_app.inference.text_service import TextService, TimeoutPolicy
+from serve_app.inference.tool_chat import ToolChatService
 from serve_app.ingress.replays import build_replay_store
 from serve_app.ingress.state import GatewayState
 from serve_app.jobs.service import VideoService
@@ -62,7 +63,6 @@ from serve_app.settings import GatewaySettings, get_settings, require_production
 from serve_app.storage.db import Database
 from serve_app.storage.objects import ObjectStore, build_object_store
 from serve_app.storage.schema import utcnow
-from serve_app.tools.chat import ToolChatService
 from serve_app.tools.runners import ToolRuntime
 from serve_app.tools.sandbox import CodeSandbox, RemoteSandbox
 

@@ -22,7 +22,6 @@ import httpx
 from PIL import Image, UnidentifiedImageError
 
 from serve_app.outbound import AddressGuard, FetchLimits, OutboundError, safe_get
-from serve_app.outbound.addresses import is_public_address
 from serve_app.protocol.errors import InvalidRequestError
 
 __all__ = [
@@ -30,7 +29,6 @@ __all__ = [
     "ImagePolicy",
     "check_image_bytes",
     "decode_data_uri",
-    "is_public_address",
     "sniff_format",
     "validate_image_bytes",
 ]

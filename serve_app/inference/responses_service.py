@@ -35,6 +35,13 @@ from serve_app.inference.responses_input import (
 from serve_app.inference.responses_render import ResponseBuilder
 from serve_app.inference.streams import MeteredStream, sse_response
 from serve_app.inference.text_service import TextService
+from serve_app.inference.tool_loop import (
+    AnswerDelta,
+    LoopEvent,
+    ToolCallFinished,
+    ToolCallStarted,
+    ToolLoop,
+)
 from serve_app.protocol.errors import GatewayError, InvalidRequestError
 from serve_app.protocol.responses import ResponsesRequest
 from serve_app.tools.declarations import (
@@ -45,13 +52,6 @@ from serve_app.tools.declarations import (
     split_tools,
 )
 from serve_app.tools.guidance import equip_request
-from serve_app.tools.loop import (
-    AnswerDelta,
-    LoopEvent,
-    ToolCallFinished,
-    ToolCallStarted,
-    ToolLoop,
-)
 from serve_app.tools.runners import ToolBox, ToolRuntime
 
 

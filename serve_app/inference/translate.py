@@ -94,7 +94,7 @@ def _sampling(body: SamplingFields, extra: dict[str, Any]) -> SamplingSpec:
 
 def check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     """Client function tools are relayed as given (the chat template renders them);
-    server tools are left out: the tool loop (``serve_app.tools``) validates and
+    server tools are left out: the tool loop (``serve_app.inference.tool_loop``) validates and
     offers them; any other type is a 400 naming ``tools``.
 
     A function tool must at least carry ``function: {name: "..."}``: the chat

@@ -17,9 +17,9 @@ from serve_app.inference.audio_service import AudioService
 from serve_app.inference.document_service import DocumentService
 from serve_app.inference.responses_service import ResponsesService
 from serve_app.inference.text_service import TextService
+from serve_app.inference.tool_chat import ToolChatService
 from serve_app.ingress.replays import ReplayStore
 from serve_app.jobs.service import VideoService
-from serve_app.tools.chat import ToolChatService
 
 
 class Authenticator(Protocol):

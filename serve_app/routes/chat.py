@@ -6,11 +6,11 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from serve_app.inference.tool_chat import declares_server_tools
 from serve_app.inference.translate import reject_unencodable
 from serve_app.ingress.deps import InferenceCaller, State
 from serve_app.ingress.openapi import ERROR_RESPONSES
 from serve_app.protocol.chat import ChatCompletion, ChatCompletionRequest
-from serve_app.tools.chat import declares_server_tools
 
 router = APIRouter(prefix="/v1", tags=["chat"])
 

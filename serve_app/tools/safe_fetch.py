@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from serve_app.outbound import AddressGuard, FetchLimits, OutboundError, safe_get
-from serve_app.outbound.addresses import is_public_address
 
 _USER_AGENT = "inference-gateway-web-fetch/1.0"
 _ACCEPT = "text/html,text/plain,application/json;q=0.9,*/*;q=0.5"
@@ -29,11 +28,6 @@ class FetchedPage:
     status: int
     content_type: str
     body: bytes
-
-
-def is_public_target(address: str) -> bool:
-    """True only for addresses that are, and do not embed, a non-public address."""
-    return is_public_address(address)
 
 
 class SafeFetcher:

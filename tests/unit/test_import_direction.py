@@ -18,7 +18,12 @@ and ``importlib.import_module("literal")``. A failure lists each offending
 - ``serve_app.routes`` is the top: only the ingress (which assembles the app) imports it;
 - the ingress keeps HTTP concerns only: the services (``inference``) and the tools
   import nothing from ``serve_app.ingress`` (stream handling lives in
-  ``serve_app.inference.streams``).
+  ``serve_app.inference.streams``);
+- ``serve_app.tools`` holds the tool backends (sandbox client, search, fetch,
+  citations, declarations) and ``serve_app.outbound`` the one address guard: both
+  sit below the services, so neither imports ``inference``, ``jobs``, ``dedicated``
+  or the ingress; the tool-calling loop that runs the backends is a service
+  (``serve_app.inference.tool_loop``, ``tool_chat``).
 """
 
 from __future__ import annotations
@@ -107,6 +112,13 @@ RULES = (
         lambda dst: _within(dst, "serve_app.routes"),
     ),
     Rule(
+        "tool backends and the outbound guard import no service (the tool loop is one)",
+        lambda src: _within(src, "serve_app.tools", "serve_app.outbound"),
+        lambda dst: _within(
+            dst, *(f"serve_app.{p}" for p in ("inference", "jobs", "dedicated", "ingress"))
+        ),
+    ),
+    Rule(
         "services and tools import nothing from serve_app.ingress (HTTP only)",
         lambda src: _within(src, "serve_app.inference", "serve_app.tools"),
         lambda dst: _within(dst, "serve_app.ingress"),
@@ -192,6 +204,8 @@ UPWARD = {
     "serve_app/heads/i.py": "from serve_app.inference.metering import Metering\n",
     "serve_app/inference/j.py": "from serve_app.ingress.deps import caller\n",
     "serve_app/tools/k.py": "def f():\n    import serve_app.ingress\n",
+    "serve_app/tools/l.py": "from serve_app.inference.metering import MeteredRequest\n",
+    "serve_app/outbound/m.py": "from ..inference import images\n",
 }
 ALLOWED = {
     "deployments/ok.py": "from serve_app.contract.text import TextDelta\n"
@@ -201,6 +215,10 @@ ALLOWED = {
     "serve_app/routes/ok.py": "from serve_app.inference.metering import MeteredRequest\n",
     "serve_app/ingress/ok.py": "from serve_app.routes import chat\n"
     "from serve_app.inference.streams import MeteredStream\n",
+    "serve_app/inference/ok.py": "from serve_app.tools.runners import ToolBox\n"
+    "from serve_app.outbound import safe_get\n",
+    "serve_app/tools/ok.py": "from serve_app.outbound import AddressGuard\n"
+    "from serve_app.contract.text import ToolCallDelta\n",
     "serve_app/billing/ok.py": "from serve_app.storage.db import Database\n"
     "from serve_app.catalog.config import PricingConfig\n",
     "serve_app/composition.py": "from deployments.sandbox.bwrap import BwrapSandbox\n"
@@ -233,10 +251,13 @@ ALLOWED = {
                 "serve_app/inference/e.py:1",
                 "serve_app/inference/j.py:1",
                 "serve_app/ingress/h.py:1",
+                "serve_app/outbound/m.py:1",
                 "serve_app/protocol/c.py:1",
                 "serve_app/storage/__init__.py:2",  # a foundation importing routes,
                 "serve_app/storage/__init__.py:2",  # and a module besides the ingress
-                "serve_app/tools/k.py:2",
+                "serve_app/tools/k.py:2",  # below the services,
+                "serve_app/tools/k.py:2",  # and the ingress is HTTP only
+                "serve_app/tools/l.py:1",
             ],
             id="upward imports",
         ),

@@ -15,10 +15,10 @@ from PIL import Image
 from serve_app.inference.images import (
     ImageFetcher,
     ImagePolicy,
-    is_public_address,
     sniff_format,
     validate_image_bytes,
 )
+from serve_app.outbound import is_public_address
 from serve_app.protocol.errors import InvalidRequestError
 from tests.fixtures.gateway import GatewayHarness
 

@@ -6,8 +6,9 @@ from collections.abc import Callable
 
 import pytest
 
+from serve_app.outbound import is_public_address
 from serve_app.tools.config import WebSearchOptions
-from serve_app.tools.safe_fetch import FetchError, SafeFetcher, is_public_target
+from serve_app.tools.safe_fetch import FetchError, SafeFetcher
 from serve_app.tools.search import (
     BraveProvider,
     DisabledSearchProvider,
@@ -52,12 +53,12 @@ def fetcher(
     ],
 )
 def test_non_public_addresses_are_refused(address: str) -> None:
-    assert not is_public_target(address)
+    assert not is_public_address(address)
 
 
 @pytest.mark.parametrize("address", ["93.184.216.34", "2606:4700:4700::1111", "1.1.1.1"])
 def test_public_addresses_pass(address: str) -> None:
-    assert is_public_target(address)
+    assert is_public_address(address)
 
 
 @pytest.mark.parametrize(

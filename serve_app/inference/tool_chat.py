@@ -30,6 +30,13 @@ from serve_app.inference.metering import MeteredRequest, RequestMeta
 from serve_app.inference.sse import DONE_LINE, sse_data, sse_error
 from serve_app.inference.streams import MeteredStream, sse_response
 from serve_app.inference.text_service import TextService
+from serve_app.inference.tool_loop import (
+    AnswerDelta,
+    LoopEvent,
+    LoopFinished,
+    ToolCallStarted,
+    ToolLoop,
+)
 from serve_app.inference.translate import translate_chat
 from serve_app.protocol.chat import ChatCompletionRequest
 from serve_app.protocol.errors import InvalidRequestError
@@ -40,7 +47,6 @@ from serve_app.tools.declarations import (
     split_tools,
 )
 from serve_app.tools.guidance import equip_request
-from serve_app.tools.loop import AnswerDelta, LoopEvent, LoopFinished, ToolCallStarted, ToolLoop
 from serve_app.tools.runners import ToolBox, ToolCallRecord, ToolRuntime
 
 
