@@ -1,8 +1,13 @@
 """Turning head events into chat/legacy response bodies and stream chunks.
 
-Non-streamed bodies are collected into ``ChoiceState`` objects, one per
-choice; streamed chunks are built as plain dicts because they are on the hot
-path (one per token) and their shape is fixed (spec 6).
+The wire shapes are the protocol's (``serve_app.protocol.chat``,
+``completions``), written once and serialized once, straight to bytes. A
+non-streamed answer is collected into ``ChoiceState`` objects, one per choice,
+and becomes a ``ChatCompletion``/``Completion`` model. Stream chunks are on the
+hot path (one per token), so they are the protocol's TypedDicts serialized by a
+``TypeAdapter`` built once per type: cheaper than a model instance per token and
+than ``json.dumps``. Both write the same bytes as the plain-dict code they
+replaced (``tests/unit/inference/test_wire_bytes.py``).
 """
 
 from __future__ import annotations
@@ -10,6 +15,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from fastapi.responses import Response
+from pydantic import TypeAdapter
 
 from serve_app.catalog.config import CatalogModel
 from serve_app.contract.text import (
@@ -19,7 +27,26 @@ from serve_app.contract.text import (
     ToolCallDelta,
     merge_tool_call,
 )
+from serve_app.inference.sse import sse_frame
+from serve_app.protocol.chat import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChunkChoice,
+    ChunkDelta,
+    ChunkFunction,
+    ToolCall,
+    ToolCallChunk,
+    ToolCallFunction,
+)
 from serve_app.protocol.common import Usage
+from serve_app.protocol.completions import (
+    Completion,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionChunkChoice,
+)
 from serve_app.protocol.headers import RESIDENCY_HEADER, ignored_params_header
 
 
@@ -95,63 +122,67 @@ def usage_of(done: GenerationDone, separate_channel: bool) -> Usage:
     )
 
 
+def json_answer(body: ChatCompletion | Completion, headers: dict[str, str]) -> Response:
+    """A non-streamed answer, serialized by its model straight to bytes."""
+    payload = body.__pydantic_serializer__.to_json(body)
+    return Response(payload, media_type="application/json", headers=headers)
+
+
 def chat_completion_body(
     request_id: str, model: str, collected: Collected, n_choices: int, separate_channel: bool
-) -> dict[str, Any]:
+) -> ChatCompletion:
     assert collected.done is not None
     choices = []
     for index in range(n_choices):
         state = collected.choices.get(index) or ChoiceState(index)
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(state.text)}
+        message = AssistantMessage(content="".join(state.text))
         if separate_channel:
-            reasoning = "".join(state.reasoning)
-            message["reasoning_content"] = reasoning
-            message["reasoning"] = reasoning
+            message.reasoning_content = message.reasoning = "".join(state.reasoning)
         if state.tool_calls:
-            message["tool_calls"] = [_tool_call(c) for c in state.tool_calls]
-            if not message["content"]:
-                message["content"] = None
+            message.tool_calls = [
+                ToolCall(id=c.id, function=ToolCallFunction(name=c.name, arguments=c.arguments))
+                for c in state.tool_calls
+            ]
+            message.content = message.content or None
         choices.append(
-            {
-                "index": index,
-                "message": message,
-                "finish_reason": state.finish_reason or "stop",
-                "logprobs": merge_logprobs(state.logprobs),
-            }
+            ChatChoice(
+                index=index,
+                message=message,
+                finish_reason=state.finish_reason or "stop",
+                logprobs=merge_logprobs(state.logprobs),
+            )
         )
-    return {
-        "id": request_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": usage_of(collected.done, separate_channel).model_dump(exclude_none=True),
-    }
+    return ChatCompletion(
+        id=request_id,
+        created=int(time.time()),
+        model=model,
+        choices=choices,
+        usage=usage_of(collected.done, separate_channel),
+    )
 
 
 def completion_body(
     request_id: str, model: str, collected: Collected, n_choices: int, separate_channel: bool
-) -> dict[str, Any]:
+) -> Completion:
     assert collected.done is not None
     choices = []
     for index in range(n_choices):
         state = collected.choices.get(index) or ChoiceState(index)
         choices.append(
-            {
-                "index": index,
-                "text": "".join(state.text),
-                "finish_reason": state.finish_reason or "stop",
-                "logprobs": merge_logprobs(state.logprobs),
-            }
+            CompletionChoice(
+                index=index,
+                text="".join(state.text),
+                finish_reason=state.finish_reason or "stop",
+                logprobs=merge_logprobs(state.logprobs),
+            )
         )
-    return {
-        "id": request_id,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": usage_of(collected.done, separate_channel).model_dump(exclude_none=True),
-    }
+    return Completion(
+        id=request_id,
+        created=int(time.time()),
+        model=model,
+        choices=choices,
+        usage=usage_of(collected.done, separate_channel),
+    )
 
 
 def merge_logprobs(parts: list[Any]) -> dict[str, Any] | None:
@@ -172,46 +203,56 @@ def merge_logprobs(parts: list[Any]) -> dict[str, Any] | None:
     return merged
 
 
-def _tool_call(call: ToolCallDelta) -> dict[str, Any]:
-    return {
-        "id": call.id,
-        "type": "function",
-        "function": {"name": call.name, "arguments": call.arguments},
-    }
+_CHAT_CHUNK = TypeAdapter(ChatCompletionChunk)
+_COMPLETION_CHUNK = TypeAdapter(CompletionChunk)
 
 
-def _tool_call_fragment(call: ToolCallDelta) -> dict[str, Any]:
+def _tool_call_fragment(call: ToolCallDelta) -> ToolCallChunk:
     """A streamed fragment: id, type and name only on a call's first fragment."""
     if not call.id and not call.name:
         return {"index": call.index, "function": {"arguments": call.arguments}}
-    return {"index": call.index, **_tool_call(call)}
+    function: ChunkFunction = {"name": call.name, "arguments": call.arguments}
+    return {"index": call.index, "id": call.id, "type": "function", "function": function}
 
 
 class ChatChunker:
-    """Builds ``chat.completion.chunk`` dicts for one stream."""
+    """The ``chat.completion.chunk`` SSE frames of one stream."""
 
     def __init__(self, request_id: str, model: str, separate_channel: bool) -> None:
-        self.base = {
-            "id": request_id,
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": model,
-        }
+        self.request_id = request_id
+        self.model = model
+        self.created = int(time.time())
         self.separate_channel = separate_channel
 
-    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        return {**self.base, "choices": choices, **extra}
+    def _chunk(self, choices: list[ChunkChoice]) -> ChatCompletionChunk:
+        return {
+            "id": self.request_id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
 
-    def role(self, n_choices: int) -> dict[str, Any]:
-        return self._chunk(
-            [
-                {"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-                for i in range(n_choices)
-            ]
+    @staticmethod
+    def _frame(chunk: ChatCompletionChunk) -> bytes:
+        return sse_frame(_CHAT_CHUNK.dump_json(chunk, ensure_ascii=True))
+
+    def role(self, n_choices: int) -> bytes:
+        return self._frame(
+            self._chunk(
+                [
+                    {
+                        "index": i,
+                        "delta": {"role": "assistant", "content": ""},
+                        "finish_reason": None,
+                    }
+                    for i in range(n_choices)
+                ]
+            )
         )
 
-    def delta(self, delta: TextDelta) -> dict[str, Any] | None:
-        body: dict[str, Any] = {}
+    def delta(self, delta: TextDelta) -> bytes | None:
+        body: ChunkDelta = {}
         if delta.text:
             body["content"] = delta.text
         if delta.reasoning and self.separate_channel:
@@ -221,49 +262,84 @@ class ChatChunker:
             body["tool_calls"] = [_tool_call_fragment(c) for c in delta.tool_calls]
         if not body and delta.finish_reason is None and not delta.logprobs:
             return None
-        choice = {"index": delta.choice_index, "delta": body, "finish_reason": delta.finish_reason}
+        choice: ChunkChoice = {
+            "index": delta.choice_index,
+            "delta": body,
+            "finish_reason": delta.finish_reason,
+        }
         if delta.logprobs:
             choice["logprobs"] = delta.logprobs
-        return self._chunk([choice])
+        return self._frame(self._chunk([choice]))
 
-    def usage(self, done: GenerationDone) -> dict[str, Any]:
-        usage = usage_of(done, self.separate_channel).model_dump(exclude_none=True)
-        return self._chunk([], usage=usage)
+    def usage(self, done: GenerationDone) -> bytes:
+        chunk = self._chunk([])
+        chunk["usage"] = usage_of(done, self.separate_channel)
+        return self._frame(chunk)
 
-    def routing(self, routing: dict[str, Any]) -> dict[str, Any]:
+    def routing(self, routing: dict[str, Any]) -> bytes:
         """The disclosure chunk of an externally served stream (spec 2.3)."""
-        return self._chunk([], routing=routing)
+        chunk = self._chunk([])
+        chunk["routing"] = routing
+        return self._frame(chunk)
+
+    def web_search(self, activity: dict[str, Any]) -> bytes:
+        """The tool loop's extension chunk: a tool call about to run, or ``done`` (spec 6)."""
+        chunk = self._chunk([])
+        chunk["web_search"] = activity
+        return self._frame(chunk)
+
+    def annotations(self, annotations: list[dict[str, Any]]) -> bytes:
+        """The tool loop's ``delta.annotations`` chunk, just before the finish (spec 6)."""
+        choice: ChunkChoice = {
+            "index": 0,
+            "delta": {"annotations": annotations},
+            "finish_reason": None,
+        }
+        return self._frame(self._chunk([choice]))
 
 
 class CompletionChunker:
-    """Builds ``text_completion`` stream chunks (legacy route)."""
+    """The ``text_completion`` SSE frames of one stream (legacy route)."""
 
     def __init__(self, request_id: str, model: str, separate_channel: bool) -> None:
-        self.base = {
-            "id": request_id,
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": model,
-        }
+        self.request_id = request_id
+        self.model = model
+        self.created = int(time.time())
         self.separate_channel = separate_channel
+
+    def _chunk(self, choices: list[CompletionChunkChoice]) -> CompletionChunk:
+        return {
+            "id": self.request_id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    @staticmethod
+    def _frame(chunk: CompletionChunk) -> bytes:
+        return sse_frame(_COMPLETION_CHUNK.dump_json(chunk, ensure_ascii=True))
 
     def role(self, n_choices: int) -> None:
         return None
 
-    def delta(self, delta: TextDelta) -> dict[str, Any] | None:
+    def delta(self, delta: TextDelta) -> bytes | None:
         if not delta.text and delta.finish_reason is None and not delta.logprobs:
             return None
-        choice = {
+        choice: CompletionChunkChoice = {
             "index": delta.choice_index,
             "text": delta.text,
             "finish_reason": delta.finish_reason,
             "logprobs": delta.logprobs,
         }
-        return {**self.base, "choices": [choice]}
+        return self._frame(self._chunk([choice]))
 
-    def usage(self, done: GenerationDone) -> dict[str, Any]:
-        usage = usage_of(done, self.separate_channel).model_dump(exclude_none=True)
-        return {**self.base, "choices": [], "usage": usage}
+    def usage(self, done: GenerationDone) -> bytes:
+        chunk = self._chunk([])
+        chunk["usage"] = usage_of(done, self.separate_channel)
+        return self._frame(chunk)
 
-    def routing(self, routing: dict[str, Any]) -> dict[str, Any]:
-        return {**self.base, "choices": [], "routing": routing}
+    def routing(self, routing: dict[str, Any]) -> bytes:
+        chunk = self._chunk([])
+        chunk["routing"] = routing
+        return self._frame(chunk)

@@ -17,8 +17,6 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi.responses import JSONResponse
-
 from serve_app.auth.principal import Principal
 from serve_app.catalog.catalog import Catalog, residency_routing
 from serve_app.catalog.config import CatalogModel
@@ -31,11 +29,12 @@ from serve_app.inference.assemble import (
     answer_headers,
     chat_completion_body,
     completion_body,
+    json_answer,
 )
 from serve_app.inference.images import ImagePolicy
 from serve_app.inference.metering import MeteredRequest, Metering, RequestMeta
 from serve_app.inference.readiness import HeadReadiness
-from serve_app.inference.sse import DONE_LINE, sse_data
+from serve_app.inference.sse import DONE_LINE
 from serve_app.inference.streams import (
     MeteredStream,
     aclose_quietly,
@@ -45,8 +44,8 @@ from serve_app.inference.streams import (
     with_timeouts,
 )
 from serve_app.inference.translate import Translated, translate_chat, translate_completion
-from serve_app.protocol.chat import ChatCompletionRequest
-from serve_app.protocol.completions import CompletionRequest
+from serve_app.protocol.chat import ChatCompletion, ChatCompletionRequest
+from serve_app.protocol.completions import Completion, CompletionRequest
 from serve_app.protocol.errors import ModelUnavailableError, UpstreamError
 
 
@@ -120,7 +119,7 @@ class TextService:
         *,
         stream: bool,
         include_usage: bool,
-        body_builder: Callable[[str, Collected], dict[str, Any]],
+        body_builder: Callable[[str, Collected], ChatCompletion | Completion],
         chunker_factory: Callable[[str], ChatChunker | CompletionChunker],
     ) -> Any:
         request = translated.head_request
@@ -135,18 +134,18 @@ class TextService:
                 raise UpstreamError("The model stream ended without a result.")
             body = body_builder(request.request_id, collected)
             if routing is not None:
-                body["routing"] = routing.model_dump(exclude_none=True)
-            return JSONResponse(body, headers=headers)
+                body.routing = routing.model_dump(exclude_none=True)
+            return json_answer(body, headers)
         chunker = chunker_factory(request.request_id)
         first = chunker.role(meta.n_choices)
         # An externally served stream ends with one ``routing`` chunk just before
         # ``[DONE]`` (spec 2.3), whatever happened before it.
         closing = [DONE_LINE]
         if routing is not None:
-            closing.insert(0, sse_data(chunker.routing(routing.model_dump(exclude_none=True))))
+            closing.insert(0, chunker.routing(routing.model_dump(exclude_none=True)))
         frames = answer.relay(
             functools.partial(_chunks, chunker, include_usage),
-            opening=[sse_data(first)] if first is not None else [],
+            opening=[first] if first is not None else [],
             closing=closing,
         )
         return sse_response(answer, frames, headers)
@@ -229,7 +228,7 @@ def _chunks(
     """The SSE frames of one head event: a delta's chunk, the usage chunk if asked for."""
     if isinstance(event, TextDelta):
         chunk = chunker.delta(event)
-        return () if chunk is None else (sse_data(chunk),)
+        return () if chunk is None else (chunk,)
     if isinstance(event, GenerationDone) and include_usage:
-        return (sse_data(chunker.usage(event)),)
+        return (chunker.usage(event),)
     return ()

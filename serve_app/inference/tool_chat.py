@@ -15,8 +15,6 @@ import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi.responses import JSONResponse
-
 from serve_app.auth.principal import Principal
 from serve_app.catalog.catalog import residency_routing
 from serve_app.catalog.config import CatalogModel
@@ -25,9 +23,10 @@ from serve_app.inference.assemble import (
     Collected,
     answer_headers,
     chat_completion_body,
+    json_answer,
 )
 from serve_app.inference.metering import MeteredRequest, RequestMeta
-from serve_app.inference.sse import DONE_LINE, sse_data, sse_error
+from serve_app.inference.sse import DONE_LINE, sse_error
 from serve_app.inference.streams import MeteredStream, sse_response
 from serve_app.inference.text_service import TextService
 from serve_app.inference.tool_loop import (
@@ -38,7 +37,7 @@ from serve_app.inference.tool_loop import (
     ToolLoop,
 )
 from serve_app.inference.translate import translate_chat
-from serve_app.protocol.chat import ChatCompletionRequest
+from serve_app.protocol.chat import ChatCompletion, ChatCompletionRequest
 from serve_app.protocol.errors import InvalidRequestError
 from serve_app.tools.declarations import (
     build_plan,
@@ -101,17 +100,17 @@ class _ChatRun:
     def cites(self) -> bool:
         return any(self.toolbox.plan.allows(k) for k in ("web_search", "web_fetch"))
 
-    async def body(self) -> dict[str, Any]:
+    async def body(self) -> ChatCompletion:
         collected = Collected()
         await self.stream.drain(functools.partial(_collect, collected))
         separate = self.model.reasoning.separate_channel
         body = chat_completion_body(self.request_id, self.model.id, collected, 1, separate)
-        message = body["choices"][0]["message"]
+        message = body.choices[0].message
         if self.cites():
-            citations = self.toolbox.sources.citations(message.get("content") or "")
-            message["annotations"] = [c.for_chat() for c in citations]
+            citations = self.toolbox.sources.citations(message.content or "")
+            message.annotations = [c.for_chat() for c in citations]
         if self.toolbox.used.get("web_search"):
-            body["web_search"] = {
+            body.web_search = {
                 "searches": self.toolbox.searches,
                 "price_per_search": self.price_per_search,
             }
@@ -122,22 +121,17 @@ class _ChatRun:
         closing = [DONE_LINE]
         routing = residency_routing(self.model)
         if routing is not None:
-            closing.insert(0, sse_data(chunker.routing(routing.model_dump(exclude_none=True))))
+            closing.insert(0, chunker.routing(routing.model_dump(exclude_none=True)))
         return self.stream.relay(
-            lambda event: [sse_data(c) for c in self._chunks(chunker, event, include_usage)],
-            opening=[sse_data(chunker.role(1))],
-            on_failure=lambda err: [
-                sse_data(self._extension(chunker, self.done_object())),
-                sse_error(err),
-            ],
+            functools.partial(self._chunks, chunker, include_usage),
+            opening=[chunker.role(1)],
+            on_failure=lambda err: [chunker.web_search(self.done_object()), sse_error(err)],
             closing=closing,
         )
 
-    def _chunks(
-        self, chunker: ChatChunker, event: LoopEvent, include_usage: bool
-    ) -> list[dict[str, Any]]:
+    def _chunks(self, chunker: ChatChunker, include_usage: bool, event: LoopEvent) -> list[bytes]:
         if isinstance(event, ToolCallStarted):
-            return [self._extension(chunker, activity(event.record))]
+            return [chunker.web_search(activity(event.record))]
         if isinstance(event, AnswerDelta):
             if event.delta.text:
                 self._text.append(event.delta.text)
@@ -150,19 +144,14 @@ class _ChatRun:
             return chunks + ([chunk] if chunk is not None else [])
         if not isinstance(event, LoopFinished):
             return []
-        chunks = [self._extension(chunker, self.done_object())]
+        chunks = [chunker.web_search(self.done_object())]
         if include_usage:
             chunks.append(chunker.usage(event.done))
         return chunks
 
-    def _annotations(self, chunker: ChatChunker) -> dict[str, Any]:
+    def _annotations(self, chunker: ChatChunker) -> bytes:
         citations = self.toolbox.sources.citations("".join(self._text))
-        delta = {"annotations": [c.for_chat() for c in citations]}
-        return {**chunker.base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
-
-    @staticmethod
-    def _extension(chunker: ChatChunker, activity_object: dict[str, Any]) -> dict[str, Any]:
-        return {**chunker.base, "choices": [], "web_search": activity_object}
+        return chunker.annotations([c.for_chat() for c in citations])
 
 
 class ToolChatService:
@@ -203,7 +192,7 @@ class ToolChatService:
         )
         headers = answer_headers(translated.ignored_params + started.ignored_params, model)
         if not body.stream:
-            return JSONResponse(await _with_routing(run, model), headers=headers)
+            return json_answer(await _with_routing(run, model), headers)
         return sse_response(run.stream, run.frames(body.include_usage()), headers)
 
 
@@ -214,9 +203,9 @@ def _collect(collected: Collected, event: LoopEvent) -> None:
         collected.done = event.done
 
 
-async def _with_routing(run: _ChatRun, model: CatalogModel) -> dict[str, Any]:
+async def _with_routing(run: _ChatRun, model: CatalogModel) -> ChatCompletion:
     body = await run.body()
     routing = residency_routing(model)
     if routing is not None:
-        body["routing"] = routing.model_dump(exclude_none=True)
+        body.routing = routing.model_dump(exclude_none=True)
     return body

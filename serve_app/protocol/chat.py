@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired, Required
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from typing_extensions import TypedDict
 
-from serve_app.protocol.common import JsonInt, SamplingFields, Usage
+from serve_app.protocol.common import JsonInt, SamplingFields, Usage, absent_if_none
 from serve_app.protocol.tool_schemas import CHAT_FUNCTION_TOOL, tools_schema
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -72,60 +73,83 @@ class ToolCall(BaseModel):
 
 
 class AssistantMessage(BaseModel):
+    """The answer's message; ``reasoning_content``/``reasoning`` only on models with a
+    separate reasoning channel, ``annotations`` only with server tools (spec 2.5, 6)."""
+
     role: Literal["assistant"] = "assistant"
     content: str | None
-    reasoning_content: str | None = None
-    reasoning: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    annotations: list[dict[str, Any]] | None = None
+    reasoning_content: str | None = Field(default=None, exclude_if=absent_if_none)
+    reasoning: str | None = Field(default=None, exclude_if=absent_if_none)
+    tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=absent_if_none)
+    annotations: list[dict[str, Any]] | None = Field(default=None, exclude_if=absent_if_none)
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class ChatCompletion(BaseModel):
+    """The non-streamed answer; ``web_search`` and ``routing`` only when they apply."""
+
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int
     model: str
     choices: list[ChatChoice]
     usage: Usage
-    routing: dict[str, Any] | None = None
-    web_search: dict[str, Any] | None = None
+    web_search: dict[str, Any] | None = Field(default=None, exclude_if=absent_if_none)
+    routing: dict[str, Any] | None = Field(default=None, exclude_if=absent_if_none)
 
 
-class ToolCallChunk(BaseModel):
+# Stream chunks are TypedDicts, not models: one is built per token, and a dict
+# checked by mypy and serialized by a cached ``TypeAdapter`` costs less than a model
+# instance (``serve_app.inference.assemble``). A key not written is not sent; a key
+# written as ``None`` is ``null`` (``finish_reason`` always is, until the last chunk).
+
+
+class ChunkFunction(TypedDict, total=False):
+    name: str
+    arguments: Required[str]
+
+
+class ToolCallChunk(TypedDict):
+    """A streamed call fragment: ``id``, ``type`` and ``name`` only on a call's first."""
+
     index: int
-    id: str | None = None
-    type: Literal["function"] | None = None
-    function: dict[str, str] | None = None
+    id: NotRequired[str]
+    type: NotRequired[Literal["function"]]
+    function: ChunkFunction
 
 
-class ChunkDelta(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-    reasoning_content: str | None = None
-    reasoning: str | None = None
-    tool_calls: list[ToolCallChunk] | None = None
-    annotations: list[dict[str, Any]] | None = None
+class ChunkDelta(TypedDict, total=False):
+    role: Literal["assistant"]
+    content: str
+    reasoning_content: str
+    reasoning: str
+    tool_calls: list[ToolCallChunk]
+    annotations: list[dict[str, Any]]
 
 
-class ChunkChoice(BaseModel):
+class ChunkChoice(TypedDict):
     index: int
     delta: ChunkDelta
-    finish_reason: str | None = None
+    finish_reason: str | None
+    logprobs: NotRequired[dict[str, Any]]
 
 
-class ChatCompletionChunk(BaseModel):
-    """One SSE event. Dumped with ``exclude_none`` except ``choices`` and ``finish_reason``."""
+class ChatCompletionChunk(TypedDict):
+    """One SSE event. ``usage`` (the usage chunk), ``routing`` (an external model's
+    disclosure, spec 2.3) and ``web_search`` (the tool loop's extension chunks, spec 6)
+    come with ``choices: []``."""
 
     id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    object: Literal["chat.completion.chunk"]
     created: int
     model: str
     choices: list[ChunkChoice]
-    usage: Usage | None = None
+    usage: NotRequired[Usage]
+    routing: NotRequired[dict[str, Any]]
+    web_search: NotRequired[dict[str, Any]]

@@ -74,14 +74,28 @@ class CompletionTokensDetails(BaseModel):
     reasoning_tokens: int
 
 
+def absent_if_none(value: Any) -> bool:
+    """``exclude_if`` of an optional wire field that is left out, not sent as ``null``.
+
+    The answer bodies say per field which it is: ``logprobs: null`` and a tool
+    call's ``content: null`` are part of the wire format, an unset
+    ``reasoning_content`` or ``routing`` is not there at all.
+    """
+    return value is None
+
+
 class Usage(BaseModel):
     """Token usage; the detail objects appear only when the engine reported them."""
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
-    prompt_tokens_details: PromptTokensDetails | None = None
-    completion_tokens_details: CompletionTokensDetails | None = None
+    prompt_tokens_details: PromptTokensDetails | None = Field(
+        default=None, exclude_if=absent_if_none
+    )
+    completion_tokens_details: CompletionTokensDetails | None = Field(
+        default=None, exclude_if=absent_if_none
+    )
 
     @classmethod
     def build(

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import BaseModel, Field, WithJsonSchema, field_validator
+from typing_extensions import TypedDict
 
-from serve_app.protocol.common import SamplingFields, Usage
+from serve_app.protocol.common import SamplingFields, Usage, absent_if_none
 
 _PROMPTS = {"type": "array", "items": {"type": "string"}, "minItems": 1}
 
@@ -33,7 +34,7 @@ class CompletionChoice(BaseModel):
     index: int
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class Completion(BaseModel):
@@ -42,5 +43,27 @@ class Completion(BaseModel):
     created: int
     model: str
     choices: list[CompletionChoice]
-    usage: Usage | None = None
-    routing: dict[str, Any] | None = None
+    usage: Usage
+    routing: dict[str, Any] | None = Field(default=None, exclude_if=absent_if_none)
+
+
+class CompletionChunkChoice(TypedDict):
+    """A streamed choice; ``finish_reason`` and ``logprobs`` are ``null`` until set."""
+
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: dict[str, Any] | None
+
+
+class CompletionChunk(TypedDict):
+    """One SSE event of the legacy route (a TypedDict for the reason given in
+    ``serve_app.protocol.chat``); ``usage`` and ``routing`` come with ``choices: []``."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]
+    usage: NotRequired[Usage]
+    routing: NotRequired[dict[str, Any]]
