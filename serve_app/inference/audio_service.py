@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
 
 from fastapi import Response, UploadFile
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -21,7 +19,6 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from serve_app.auth.principal import Principal
 from serve_app.billing.records import UsageQuantities
 from serve_app.catalog.catalog import Catalog
-from serve_app.catalog.config import CatalogModel
 from serve_app.contract.audio import (
     DEFAULT_VOICE,
     SPEC_VOICES,
@@ -31,12 +28,12 @@ from serve_app.contract.audio import (
     TranscriptionHeadResult,
     sniff_container,
 )
-from serve_app.contract.errors import HeadFailure
 from serve_app.heads.client import SpeechClient, TranscriptionClient
 from serve_app.inference.metering import Metering, RequestMeta
 from serve_app.inference.readiness import HeadReadiness
 from serve_app.inference.translate import new_request_id
-from serve_app.inference.unit_metering import UnitMetering, estimate_tokens
+from serve_app.inference.unit_metering import estimate_tokens
+from serve_app.inference.unit_service import UnitHeadService
 from serve_app.protocol.audio import (
     MAX_TRANSCRIPTION_FILE_BYTES,
     SPEECH_FORMATS,
@@ -47,18 +44,12 @@ from serve_app.protocol.audio import (
     TranscriptionUsage,
     TranscriptionVerbose,
 )
-from serve_app.protocol.errors import (
-    InvalidRequestError,
-    ModelUnavailableError,
-    RequestTooLargeError,
-    UpstreamTimeoutError,
-)
+from serve_app.protocol.errors import InvalidRequestError, RequestTooLargeError
 from serve_app.protocol.headers import ignored_params_header
 
 logger = logging.getLogger(__name__)
 
 _SNIFF_BYTES = 64
-_R = TypeVar("_R")
 
 
 @dataclass(frozen=True)
@@ -85,7 +76,7 @@ class TranscriptionForm:
     ignored: list[str] = field(default_factory=list)
 
 
-class AudioService:
+class AudioService(UnitHeadService):
     """Serves ``/v1/audio/speech`` and ``/v1/audio/transcriptions`` for the catalog."""
 
     def __init__(
@@ -97,12 +88,10 @@ class AudioService:
         policy: AudioPolicy,
         metering: Metering | None = None,
     ) -> None:
-        self.catalog = catalog
+        super().__init__(catalog, readiness, metering)
         self.speech_heads = speech_heads
         self.transcription_heads = transcription_heads
-        self.readiness = readiness
         self.policy = policy
-        self.usage = UnitMetering(metering or Metering())
 
     async def speech(self, body: SpeechRequest, principal: Principal) -> Response:
         model = self.catalog.resolve(body.model, principal, "speech")
@@ -110,15 +99,14 @@ class AudioService:
         client = self._ready(self.speech_heads, model)
         request = SpeechHeadRequest(new_request_id("speech"), body.input, voice)
         meta = RequestMeta(principal, model, "speech", request.request_id, 1)
+        prompt_tokens = estimate_tokens(body.input)
         result = await self._metered(
             meta,
-            estimate_tokens(body.input),
             lambda: client.synthesize(request),
             self.policy.speech_timeout_s,
             SpeechHeadResult,
-            lambda r: UsageQuantities(
-                prompt_tokens=estimate_tokens(body.input), audio_seconds=r.seconds
-            ),
+            lambda r: UsageQuantities(prompt_tokens=prompt_tokens, audio_seconds=r.seconds),
+            reserve_tokens=prompt_tokens,
         )
         headers = {"x-service-voice": result.voice, **ignored_params_header(body.extra_fields())}
         return Response(result.wav, media_type="audio/wav", headers=headers)
@@ -149,7 +137,6 @@ class AudioService:
         meta = RequestMeta(principal, model, "transcriptions", request.request_id, 1)
         result = await self._metered(
             meta,
-            0,
             lambda: client.transcribe(request),
             self.policy.transcription_timeout_s,
             TranscriptionHeadResult,
@@ -195,41 +182,6 @@ class AudioService:
                 param="file",
             )
         return container
-
-    def _ready(self, heads: dict[str, Any], model: CatalogModel) -> Any:
-        client = heads.get(model.id)
-        if client is None:
-            raise ModelUnavailableError(f"Model '{model.id}' has no serving head.")
-        self.readiness.check(model.id)
-        return client
-
-    async def _metered(
-        self,
-        meta: RequestMeta,
-        reserve_tokens: int,
-        call: Callable[[], Awaitable[Any]],
-        timeout_s: float,
-        result_type: type[_R],
-        usage_of: Callable[[_R], UsageQuantities],
-    ) -> _R:
-        """Admit, call the head within ``timeout_s``, then bill (or release) once."""
-        ticket = await self.usage.admit(meta, reserve_tokens)
-        usage: UsageQuantities | None = None
-        try:
-            try:
-                reply = await asyncio.wait_for(call(), timeout=timeout_s)
-            except TimeoutError:
-                raise UpstreamTimeoutError(
-                    f"Model '{meta.model.id}' did not answer within {timeout_s:g} s."
-                ) from None
-            if isinstance(reply, HeadFailure):
-                raise reply.to_error()
-            if not isinstance(reply, result_type):
-                raise TypeError(f"head returned {type(reply).__name__}")
-            usage = usage_of(reply)
-            return reply
-        finally:
-            await self.usage.finish(meta, ticket, usage)
 
 
 def _check_speech(body: SpeechRequest) -> str:

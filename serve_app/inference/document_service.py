@@ -17,9 +17,7 @@ import binascii
 import io
 import math
 import warnings
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
 from fastapi.responses import JSONResponse
 
@@ -35,13 +33,12 @@ from serve_app.contract.document import (
     ParseHeadResult,
     too_many_pixels,
 )
-from serve_app.contract.errors import HeadFailure
 from serve_app.heads.client import DocumentClient
 from serve_app.inference.images import ImagePolicy, check_image_bytes
 from serve_app.inference.metering import Metering, RequestMeta
 from serve_app.inference.readiness import HeadReadiness
 from serve_app.inference.translate import new_request_id
-from serve_app.inference.unit_metering import UnitMetering
+from serve_app.inference.unit_service import UnitHeadService
 from serve_app.protocol.document import (
     DetectedRegion,
     DetectRequest,
@@ -50,17 +47,11 @@ from serve_app.protocol.document import (
     ParseRequest,
     ParseResponse,
 )
-from serve_app.protocol.errors import (
-    InvalidRequestError,
-    ModelUnavailableError,
-    UpstreamTimeoutError,
-)
+from serve_app.protocol.errors import InvalidRequestError
 from serve_app.protocol.headers import ignored_params_header
 
 TABLE_STRUCTURE = "table-structure"
 """Parse models with this specialty (tableformer) read the tables in ``table_bboxes``."""
-
-_R = TypeVar("_R")
 
 
 @dataclass(frozen=True)
@@ -75,7 +66,7 @@ class DocumentPolicy:
     """Largest image (width x height) accepted: bounds what a head has to decode."""
 
 
-class DocumentService:
+class DocumentService(UnitHeadService):
     """Serves ``/v1/detect`` and ``/v1/parse`` for the catalog."""
 
     def __init__(
@@ -87,25 +78,23 @@ class DocumentService:
         policy: DocumentPolicy,
         metering: Metering | None = None,
     ) -> None:
-        self.catalog = catalog
+        super().__init__(catalog, readiness, metering)
         self.heads = heads
-        self.readiness = readiness
         self.images = images
         self.policy = policy
-        self.usage = UnitMetering(metering or Metering())
 
     async def detect(self, body: DetectRequest, principal: Principal) -> JSONResponse:
         model = self.catalog.resolve(body.model, principal, "detect")
         _refuse_stream(body.stream)
         image, _ = await asyncio.to_thread(self._image, body.image)
-        client = self._ready(model)
+        client = self._ready(self.heads, model)
         request = DetectHeadRequest(
             new_request_id("detect"), image, max_pixels=self.policy.max_image_pixels
         )
         meta = RequestMeta(principal, model, "detect", request.request_id, 1)
         timeout = self.policy.detect_timeout_s
         result = await self._metered(
-            meta, lambda: client.detect(request), timeout, DetectHeadResult
+            meta, lambda: client.detect(request), timeout, DetectHeadResult, _one_image
         )
         response = DetectResponse(
             id=request.request_id,
@@ -131,7 +120,7 @@ class DocumentService:
             )
         image, size = await asyncio.to_thread(self._image, body.image)
         boxes = _boxes_inside(body.table_bboxes or [], *size) if needs_boxes else []
-        client = self._ready(model)
+        client = self._ready(self.heads, model)
         request = ParseHeadRequest(
             new_request_id("parse"),
             image,
@@ -141,7 +130,9 @@ class DocumentService:
         )
         meta = RequestMeta(principal, model, "parse", request.request_id, 1)
         timeout = self.policy.parse_timeout_s
-        result = await self._metered(meta, lambda: client.parse(request), timeout, ParseHeadResult)
+        result = await self._metered(
+            meta, lambda: client.parse(request), timeout, ParseHeadResult, _one_image
+        )
         response = ParseResponse.model_validate(
             {
                 "id": request.request_id,
@@ -175,38 +166,10 @@ class DocumentService:
         check_image_bytes(data, "image", self.images)
         return data, size
 
-    def _ready(self, model: CatalogModel) -> DocumentClient:
-        client = self.heads.get(model.id)
-        if client is None:
-            raise ModelUnavailableError(f"Model '{model.id}' has no serving head.")
-        self.readiness.check(model.id)
-        return client
 
-    async def _metered(
-        self,
-        meta: RequestMeta,
-        call: Callable[[], Awaitable[Any]],
-        timeout_s: float,
-        result_type: type[_R],
-    ) -> _R:
-        """Admit, call the head within ``timeout_s``, then bill one image (or nothing)."""
-        ticket = await self.usage.admit(meta, 0)
-        usage: UsageQuantities | None = None
-        try:
-            try:
-                reply = await asyncio.wait_for(call(), timeout=timeout_s)
-            except TimeoutError:
-                raise UpstreamTimeoutError(
-                    f"Model '{meta.model.id}' did not answer within {timeout_s:g} s."
-                ) from None
-            if isinstance(reply, HeadFailure):
-                raise reply.to_error()
-            if not isinstance(reply, result_type):
-                raise TypeError(f"head returned {type(reply).__name__}")
-            usage = UsageQuantities(images=1)
-            return reply
-        finally:
-            await self.usage.finish(meta, ticket, usage)
+def _one_image(_: object) -> UsageQuantities:
+    """Detect and parse bill one image per answered request (``images: 1``)."""
+    return UsageQuantities(images=1)
 
 
 _PIL_FORMATS = ["PNG", "JPEG", "GIF", "WEBP", "BMP", "TIFF"]

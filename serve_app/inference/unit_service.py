@@ -1,0 +1,77 @@
+"""What the routes billed per unit share: the head lookup and one metered head call.
+
+Speech, transcription, detect and parse each make one head call with a known
+(or bounded) cost, so they share the same steps after their own request rules:
+the model must have a head and it must be ready (503), then limits are admitted
+(429), the head is called within the route's timeout (504), its ``HeadFailure``
+becomes the error it carries, and exactly one usage record is written (or the
+reservation released, when the call failed). ``AudioService`` and
+``DocumentService`` add only their rules and answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+from serve_app.billing.records import UsageQuantities
+from serve_app.catalog.catalog import Catalog
+from serve_app.catalog.config import CatalogModel
+from serve_app.contract.errors import HeadFailure
+from serve_app.inference.metering import Metering, RequestMeta
+from serve_app.inference.readiness import HeadReadiness
+from serve_app.inference.unit_metering import UnitMetering
+from serve_app.protocol.errors import ModelUnavailableError, UpstreamTimeoutError
+
+Client = TypeVar("Client")
+Result = TypeVar("Result")
+
+
+class UnitHeadService:
+    """Base of the per-unit services: catalog, readiness and metering of one replica."""
+
+    def __init__(
+        self, catalog: Catalog, readiness: HeadReadiness, metering: Metering | None
+    ) -> None:
+        self.catalog = catalog
+        self.readiness = readiness
+        self.usage = UnitMetering(metering or Metering())
+
+    def _ready(self, heads: Mapping[str, Client], model: CatalogModel) -> Client:
+        """The model's head client; 503 when it has none or its head is still warming."""
+        client = heads.get(model.id)
+        if client is None:
+            raise ModelUnavailableError(f"Model '{model.id}' has no serving head.")
+        self.readiness.check(model.id)
+        return client
+
+    async def _metered(
+        self,
+        meta: RequestMeta,
+        call: Callable[[], Awaitable[Any]],
+        timeout_s: float,
+        result_type: type[Result],
+        usage_of: Callable[[Result], UsageQuantities],
+        *,
+        reserve_tokens: int = 0,
+    ) -> Result:
+        """Admit, call the head within ``timeout_s``, then bill ``usage_of`` the result
+        (or release the reservation unbilled) once."""
+        ticket = await self.usage.admit(meta, reserve_tokens)
+        usage: UsageQuantities | None = None
+        try:
+            try:
+                reply = await asyncio.wait_for(call(), timeout=timeout_s)
+            except TimeoutError:
+                raise UpstreamTimeoutError(
+                    f"Model '{meta.model.id}' did not answer within {timeout_s:g} s."
+                ) from None
+            if isinstance(reply, HeadFailure):
+                raise reply.to_error()
+            if not isinstance(reply, result_type):
+                raise TypeError(f"head returned {type(reply).__name__}")
+            usage = usage_of(reply)
+            return reply
+        finally:
+            await self.usage.finish(meta, ticket, usage)
