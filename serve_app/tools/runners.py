@@ -22,6 +22,7 @@ from deployments.engines.base import ToolCallDelta
 from serve_app.tools.citations import SourceList
 from serve_app.tools.config import ToolsOptions
 from serve_app.tools.declarations import CODE_SECONDS_PER_REQUEST, ServerToolPlan
+from serve_app.tools.guidance import SearchScope
 from serve_app.tools.local_search import LocalSearchProvider
 from serve_app.tools.safe_fetch import FetchError, SafeFetcher
 from serve_app.tools.sandbox import BwrapSandbox, CodeRun, CodeSandbox, SandboxUnavailableError
@@ -91,6 +92,11 @@ class ToolRuntime:
             ),
             sandbox=sandbox or BwrapSandbox(options.code_interpreter),
         )
+
+    @property
+    def search_scope(self) -> SearchScope:
+        """What ``web_search`` searches here, as the model is told (guidance, schema)."""
+        return "local" if isinstance(self.search, LocalSearchProvider) else "web"
 
 
 @dataclass
