@@ -53,7 +53,8 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
     },
     "code_interpreter": {
         "description": "Run a Python 3 program in a fresh sandbox and return what it "
-        "printed. Nothing persists between runs; print the results you need.",
+        "printed (and, as in a notebook, the value of a final expression). Nothing persists "
+        "between runs; print the results you need.",
         "parameters": {
             "type": "object",
             "properties": {"code": {"type": "string", "description": "Python source."}},
