@@ -19,6 +19,11 @@ Each run gets:
 A run ends at its wall-clock limit: the sandbox's pid 1 is killed, which takes
 every process of the run with it. What was printed until then is returned; a
 killed run is a completed run (spec 2.10).
+
+As in a notebook cell, a program ending in an expression also prints that
+expression's value (``repr``, unless None). Models often write ``17 * 23`` or
+``df.describe()`` as the last line instead of printing it, and would otherwise
+read back an empty output and have nothing to answer with.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from serve_app.contract.sandbox import (
 logger = logging.getLogger(__name__)
 
 _LAUNCHER = """\
-import resource, runpy, sys
+import ast, resource, sys, traceback, types
 def cap(kind, value):
     resource.setrlimit(kind, (value, value))
 cap(resource.RLIMIT_AS, {memory})
@@ -58,7 +63,24 @@ cap(resource.RLIMIT_NOFILE, 256)
 cap(resource.RLIMIT_CORE, 0)
 sys.argv = ["main.py"]
 sys.path.insert(0, "/job")
-runpy.run_path("/job/main.py", run_name="__main__")
+main = types.ModuleType("__main__")
+main.__file__ = "/job/main.py"
+sys.modules["__main__"] = main
+try:
+    with open("/job/main.py", "rb") as file:
+        tree = ast.parse(file.read(), "/job/main.py")
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    exec(compile(tree, "/job/main.py", "exec"), main.__dict__)
+    if last is not None:
+        value = eval(compile(ast.Expression(last.value), "/job/main.py", "eval"), main.__dict__)
+        if value is not None:
+            print(repr(value))
+except Exception as error:
+    frames = error.__traceback__  # the program's frames only, as if it ran on its own
+    while frames is not None and frames.tb_frame.f_code.co_filename != "/job/main.py":
+        frames = frames.tb_next
+    traceback.print_exception(type(error), error, frames)
+    raise SystemExit(1)
 """
 
 

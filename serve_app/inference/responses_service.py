@@ -108,7 +108,11 @@ class ResponsesService:
         functions, plan = self._tools(body, principal, model)
         messages = await convert_input(body, model, self.text.images)
         request = equip_request(
-            self._head_request(body, model, messages, kwargs), plan, functions, tool_choice
+            self._head_request(body, model, messages, kwargs),
+            plan,
+            functions,
+            tool_choice,
+            search_scope=self.runtime.search_scope,
         )
         meta = RequestMeta(principal, model, "responses", request.request_id, 1)
         started, events, metered = await self.text.open_turn(meta, request)

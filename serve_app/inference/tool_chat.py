@@ -175,7 +175,13 @@ class ToolChatService:
             )
         translated = await translate_chat(body, model, self.text.images)
         relayed = translated.head_request.prompts[0].tools or []
-        request = equip_request(translated.head_request, plan, relayed, body.tool_choice)
+        request = equip_request(
+            translated.head_request,
+            plan,
+            relayed,
+            body.tool_choice,
+            search_scope=self.runtime.search_scope,
+        )
         meta = RequestMeta(principal, model, "chat", request.request_id, 1)
         started, events, metered = await self.text.open_turn(meta, request)
         toolbox = ToolBox(self.runtime, plan)

@@ -286,7 +286,8 @@ class ToolLoop:
         assert self.toolbox is not None
         last = turn_no >= self.max_turns - 1
         names = [] if last else self.toolbox.live_tools()
-        tools = self.functions + tool_schemas(self.toolbox.plan, names)
+        scope = self.toolbox.runtime.search_scope
+        tools = self.functions + tool_schemas(self.toolbox.plan, names, search_scope=scope)
         choice = self.prompt.tool_choice
         forcing = isinstance(choice, str) and choice not in ("none", "auto")  # "required"
         if forcing or _names_server_tool(choice, self.toolbox.plan):

@@ -5,19 +5,38 @@ template renders them like client functions), plus a short guidance paragraph
 merged into the system turn (the ``instructions`` on the responses route), so
 the model knows to cite sources as ``[n]``: the gateway turns exactly those
 markers into ``url_citation`` annotations.
+
+What ``web_search`` searches depends on the provider: SearXNG and Brave search the
+live web, the ``local`` provider only the pages an operator indexed on this service.
+The model is told which (``SearchScope``), so it neither promises users fresh web
+results from a fixed collection nor gives up on questions the collection answers.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 from serve_app.contract.text import HeadRequest
 from serve_app.tools.declarations import ServerToolPlan
 
+SearchScope = Literal["web", "local"]
+"""Where ``web_search`` looks: the live web, or the local index of this service."""
+
+_RESULTS = "Returns numbered results [n] with title, URL and snippet."
+_SEARCH_DESCRIPTIONS: dict[SearchScope, str] = {
+    "web": f"Search the web. {_RESULTS}",
+    "local": "Search the pages indexed on this service (a fixed local collection, not the "
+    f"live web). {_RESULTS}",
+}
+_SEARCH_GUIDANCE: dict[SearchScope, str] = {
+    "web": "web_search to look things up on the web",
+    "local": "web_search to look things up in the pages indexed on this service "
+    "(a local collection, not the live web)",
+}
+
 _SCHEMAS: dict[str, dict[str, Any]] = {
     "web_search": {
-        "description": "Search the web. Returns numbered results [n] with title, URL and snippet.",
         "parameters": {
             "type": "object",
             "properties": {"query": {"type": "string", "description": "The search query."}},
@@ -34,7 +53,8 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
     },
     "code_interpreter": {
         "description": "Run a Python 3 program in a fresh sandbox and return what it "
-        "printed. Nothing persists between runs; print the results you need.",
+        "printed (and, as in a notebook, the value of a final expression). Nothing persists "
+        "between runs; print the results you need.",
         "parameters": {
             "type": "object",
             "properties": {"code": {"type": "string", "description": "Python source."}},
@@ -44,7 +64,6 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 _GUIDANCE = {
-    "web_search": "web_search to look things up on the web",
     "web_fetch": "web_fetch to read a page",
     "code_interpreter": "code_interpreter to run Python (print what you need)",
 }
@@ -55,17 +74,28 @@ CITATION_RULE = (
 )
 
 
-def tool_schemas(plan: ServerToolPlan, names: list[str]) -> list[dict[str, Any]]:
+def _schema(name: str, search_scope: SearchScope) -> dict[str, Any]:
+    if name == "web_search":
+        return {"description": _SEARCH_DESCRIPTIONS[search_scope], **_SCHEMAS[name]}
+    return _SCHEMAS[name]
+
+
+def tool_schemas(
+    plan: ServerToolPlan, names: list[str], *, search_scope: SearchScope
+) -> list[dict[str, Any]]:
     """Chat-format function declarations of the server tools in ``names`` (declared order)."""
     return [
-        {"type": "function", "function": {"name": name, **_SCHEMAS[name]}}
+        {"type": "function", "function": {"name": name, **_schema(name, search_scope)}}
         for name in names
         if plan.allows(name)
     ]
 
 
-def guidance_text(plan: ServerToolPlan) -> str:
-    uses = [_GUIDANCE[name] for name in plan.budgets]
+def guidance_text(plan: ServerToolPlan, *, search_scope: SearchScope) -> str:
+    uses = [
+        _SEARCH_GUIDANCE[search_scope] if name == "web_search" else _GUIDANCE[name]
+        for name in plan.budgets
+    ]
     text = "You can call tools: " + "; ".join(uses) + ". Call a tool only when it helps."
     if "web_search" in plan.budgets or "web_fetch" in plan.budgets:
         text += " " + CITATION_RULE
@@ -91,14 +121,19 @@ def merge_guidance(messages: list[dict[str, Any]], guidance: str) -> list[dict[s
 
 
 def equip_request(
-    request: HeadRequest, plan: ServerToolPlan, functions: list[dict[str, Any]], tool_choice: Any
+    request: HeadRequest,
+    plan: ServerToolPlan,
+    functions: list[dict[str, Any]],
+    tool_choice: Any,
+    *,
+    search_scope: SearchScope,
 ) -> HeadRequest:
     """The first turn's request: guidance in the system turn, server tools after functions."""
     prompt = request.prompts[0]
     messages = list(prompt.messages or [])
     if plan.declared:
-        messages = merge_guidance(messages, guidance_text(plan))
-    tools = functions + tool_schemas(plan, list(plan.budgets))
+        messages = merge_guidance(messages, guidance_text(plan, search_scope=search_scope))
+    tools = functions + tool_schemas(plan, list(plan.budgets), search_scope=search_scope)
     equipped = dataclasses.replace(
         prompt,
         messages=messages,

@@ -23,6 +23,7 @@ from serve_app.contract.text import ToolCallDelta
 from serve_app.tools.citations import SourceList
 from serve_app.tools.config import ToolsOptions
 from serve_app.tools.declarations import CODE_SECONDS_PER_REQUEST, ServerToolPlan
+from serve_app.tools.guidance import SearchScope
 from serve_app.tools.local_search import LocalSearchProvider
 from serve_app.tools.safe_fetch import FetchError, SafeFetcher
 from serve_app.tools.sandbox import CodeSandbox
@@ -94,6 +95,11 @@ class ToolRuntime:
             ),
             sandbox=sandbox,
         )
+
+    @property
+    def search_scope(self) -> SearchScope:
+        """What ``web_search`` searches here, as the model is told (guidance, schema)."""
+        return "local" if isinstance(self.search, LocalSearchProvider) else "web"
 
 
 @dataclass

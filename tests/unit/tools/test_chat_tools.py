@@ -183,3 +183,4 @@ async def test_client_function_call_ends_the_loop(tool_gateway: GatewayHarness) 
     assert [t["function"]["name"] for t in seen_tools.tools] == ["get_time", "web_search"]
     system = (seen_tools.messages or [])[0]
     assert system["role"] == "system" and "[1]" in system["content"]  # citation guidance
+    assert "look things up on the web" in system["content"]  # a SearXNG provider: the web

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from serve_app.protocol.errors import InvalidRequestError
 from serve_app.tools.citations import SourceList
+from serve_app.tools.config import ToolsOptions
 from serve_app.tools.declarations import build_plan, split_tools
-from serve_app.tools.guidance import merge_guidance
+from serve_app.tools.guidance import guidance_text, merge_guidance, tool_schemas
+from serve_app.tools.runners import ToolRuntime
 
 
 def plan_of(tools: list[dict[str, Any]], options: dict[str, Any] | None = None) -> Any:
@@ -91,6 +94,38 @@ def test_guidance_joins_the_first_system_turn() -> None:
     assert [m["role"] for m in merged] == ["system", "user"]
     inserted = merge_guidance([{"role": "user", "content": "hi"}], "G")
     assert inserted[0] == {"role": "system", "content": "G"}
+
+
+def test_guidance_says_what_web_search_searches() -> None:
+    plan = plan_of([{"type": "web_search"}, {"type": "code_interpreter"}])
+    web = guidance_text(plan, search_scope="web")
+    local = guidance_text(plan, search_scope="local")
+    assert "on the web" in web and "indexed on this service" not in web
+    assert "indexed on this service" in local and "not the live web" in local
+    assert "look things up on the web" not in local
+    for text in (web, local):  # the rest of the guidance does not depend on the provider
+        assert "code_interpreter to run Python" in text and "[1]" in text
+
+    def search_description(scope: Any) -> str:
+        schemas = tool_schemas(plan, list(plan.budgets), search_scope=scope)
+        (search,) = (s["function"] for s in schemas if s["function"]["name"] == "web_search")
+        assert search["parameters"]["required"] == ["query"]
+        return str(search["description"])
+
+    assert search_description("web").startswith("Search the web.")
+    assert "not the live web" in search_description("local")
+
+
+def test_the_runtime_names_its_search_scope(tmp_path: Path) -> None:
+    def scope(web_search: dict[str, Any]) -> str:
+        options = ToolsOptions.model_validate({"web_search": web_search})
+        return ToolRuntime.from_options(options, state_dir=tmp_path).search_scope
+
+    assert scope({"provider": "local"}) == "local"
+    assert scope({"provider": "searxng", "url": "http://127.0.0.1:9"}) == "web"
+    brave = "https://api.search.brave.com/res/v1/web/search"
+    assert scope({"provider": "brave", "url": brave, "api_key_env": "NO_SUCH_KEY"}) == "web"
+    assert scope({"provider": "none"}) == "web"
 
 
 def test_citations_index_spans_and_uncited_sources() -> None:

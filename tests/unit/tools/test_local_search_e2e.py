@@ -149,6 +149,15 @@ async def test_chat_cites_the_local_page(make_gateway: HarnessFactory, indexed: 
     read = tool_message(gw)
     assert read.startswith(f"[1] {TIDES_TITLE}\nURL: {TIDES_URL}\n")
     assert "gravity" in read
+    # Both turns told the model it searches this service's index, not the live web.
+    turns = [prompt for prompt, _ in gw.engines["scripted-tools"].seen]
+    assert len(turns) == 2
+    for prompt in turns:
+        assert prompt is not None and prompt.messages and prompt.tools
+        system = prompt.messages[0]
+        assert system["role"] == "system" and "indexed on this service" in system["content"]
+        (search,) = (t["function"] for t in prompt.tools if t["function"]["name"] == "web_search")
+        assert "not the live web" in search["description"]
 
 
 async def test_streamed_chat_carries_the_annotations(

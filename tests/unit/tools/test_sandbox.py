@@ -35,6 +35,36 @@ async def test_a_program_runs_and_prints() -> None:
     assert run.exit_code == 0 and not run.timed_out
 
 
+async def test_a_final_expression_is_shown_like_in_a_notebook() -> None:
+    run = await sandbox().run("print('first')\nx = 17\nx * 23", 5)
+    assert run.stdout == "first\n391\n" and run.exit_code == 0
+    for code in ("print('once')", "x = 1", "None", ""):  # no value, nothing more printed
+        run = await sandbox().run(code, 5)
+        assert run.stdout == ("once\n" if "print" in code else ""), code
+    # The program still runs as __main__ (pickle and dataclasses look it up there).
+    code = (
+        "import pickle\nfrom dataclasses import dataclass\n@dataclass\nclass P:\n    x: int\n"
+        "if __name__ == '__main__':\n    pickle.loads(pickle.dumps(P(3)))"
+    )
+    run = await sandbox().run(code + "\nP(3)", 5)
+    assert run.stdout == "P(x=3)\n", run.stderr
+
+
+async def test_errors_show_only_the_programs_own_traceback() -> None:
+    run = await sandbox().run("x = 1\nx / 0", 5)
+    assert run.exit_code == 1 and run.stdout == ""
+    assert run.stderr.startswith(
+        'Traceback (most recent call last):\n  File "/job/main.py", line 2'
+    )
+    assert run.stderr.rstrip().endswith("ZeroDivisionError: division by zero")
+    assert "launch.py" not in run.stderr
+    run = await sandbox().run("def f(:\n    pass", 5)
+    assert run.exit_code == 1
+    assert run.stderr.startswith('  File "/job/main.py", line 1') and "SyntaxError" in run.stderr
+    run = await sandbox().run("import sys\nprint('bye')\nsys.exit(3)", 5)
+    assert (run.exit_code, run.stdout, run.stderr) == (3, "bye\n", "")
+
+
 async def test_no_host_files_environment_or_gpu() -> None:
     code = f"""
 import os
