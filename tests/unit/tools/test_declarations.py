@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from serve_app.contract.sandbox import CodeRun
 from serve_app.protocol.errors import InvalidRequestError
 from serve_app.tools.citations import SourceList
 from serve_app.tools.config import ToolsOptions
@@ -116,10 +117,18 @@ def test_guidance_says_what_web_search_searches() -> None:
     assert "not the live web" in search_description("local")
 
 
+class _NoSandbox:
+    """The search scope does not depend on the sandbox; any code run here is a test bug."""
+
+    async def run(self, code: str, timeout_s: float) -> CodeRun:
+        raise AssertionError("no code runs in this test")
+
+
 def test_the_runtime_names_its_search_scope(tmp_path: Path) -> None:
     def scope(web_search: dict[str, Any]) -> str:
         options = ToolsOptions.model_validate({"web_search": web_search})
-        return ToolRuntime.from_options(options, state_dir=tmp_path).search_scope
+        runtime = ToolRuntime.from_options(options, state_dir=tmp_path, sandbox=_NoSandbox())
+        return runtime.search_scope
 
     assert scope({"provider": "local"}) == "local"
     assert scope({"provider": "searxng", "url": "http://127.0.0.1:9"}) == "web"
