@@ -45,8 +45,10 @@ class RayHeadClient:
         from ray import exceptions as ray_exceptions
         from ray.serve import exceptions as serve_exceptions
 
+        response = self._handle.generate.remote(request)
+        finished = False
         try:
-            async for item in self._handle.generate.remote(request):
+            async for item in response:
                 # Heads send batches (deployments.stream_batching); a single event
                 # is accepted too, from heads that do not batch.
                 if isinstance(item, list):
@@ -54,6 +56,7 @@ class RayHeadClient:
                         yield event
                 else:
                     yield item
+            finished = True
         except serve_exceptions.BackPressureError:
             raise ModelUnavailableError(
                 f"Model '{self.model_id}' is at capacity; retry shortly.",
@@ -67,3 +70,9 @@ class RayHeadClient:
         except ray_exceptions.RayTaskError as err:
             logger.error("head %s failed: %s", self.model_id, err)
             raise UpstreamError(f"Model '{self.model_id}' failed.") from None
+        finally:
+            if not finished:
+                # Closed early (a 429 after HeadStarted, the client left): stop the head's
+                # generation now rather than when the response is collected, which over
+                # gRPC (a handle whose router runs on its own loop keeps reading) is never.
+                response.cancel()
