@@ -35,13 +35,22 @@ class LocalHeadClient:
 
 
 class RayHeadClient:
-    """Calls a ``ChatHead`` deployment through its DeploymentHandle."""
+    """Calls a ``ChatHead`` deployment through its DeploymentHandle.
+
+    The handle streams over Serve's gRPC transport (``_by_reference=False``), not
+    as Ray object references: a streamed item is then one message on a gRPC
+    stream instead of a Ray object the caller is told about, fetches and frees.
+    Measured together with the proxy's gRPC transport (``gateway run`` sets
+    ``RAY_SERVE_PROXY_USE_GRPC``), under 32 streams proxy + gateway + head CPU per
+    token fell by about a third (bench/RESULTS.md).
+    """
 
     def __init__(self, model_id: str, handle: Any) -> None:
         self.model_id = model_id
-        self._handle = handle.options(stream=True)
+        self._handle = handle.options(stream=True, _by_reference=False)
 
     async def stream(self, request: HeadRequest) -> AsyncIterator[HeadEvent]:
+        import grpc
         from ray import exceptions as ray_exceptions
         from ray.serve import exceptions as serve_exceptions
 
@@ -69,6 +78,9 @@ class RayHeadClient:
             ) from None
         except ray_exceptions.RayTaskError as err:
             logger.error("head %s failed: %s", self.model_id, err)
+            raise UpstreamError(f"Model '{self.model_id}' failed.") from None
+        except grpc.aio.AioRpcError as err:  # the transport broke (UNAVAILABLE is mapped above)
+            logger.error("head %s call failed: %s %s", self.model_id, err.code(), err.details())
             raise UpstreamError(f"Model '{self.model_id}' failed.") from None
         finally:
             if not finished:
