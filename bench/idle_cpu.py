@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import proc_cpu
 from bench.common import free_port
+from bench.gateway_stack import MODEL, gateway_config, start_gateway, wait_gateway
 from bench.servers import descendants, stop_tree
-from bench.vs_vllm import MODEL, gateway_config, start_gateway, wait_gateway
 
 
 def measure(root: int, seconds: float) -> dict[str, Any]:

@@ -24,6 +24,15 @@ Then, on loopback ports chosen free:
 Figures go to bench/results/vs_vllm-<time>.json and .png. Every process started is
 stopped on exit, on Ctrl-C, on SIGTERM and when ``--timeout-s`` runs out.
 
+``--variant LABEL:SPEC`` starts one more gateway stack, measured in the same turns
+against the same bare server, so a change is judged by two ratios taken in one run
+on one (shared, drifting) machine rather than by runs minutes apart. SPEC is a
+comma-separated list of ``NAME=VALUE`` environment settings for its ``gateway run``,
+and ``repo=PATH`` runs the gateway code of another checkout (the baseline):
+
+    .venv/bin/python bench/vs_vllm.py --variant base:repo=/tmp/wt-base
+    .venv/bin/python bench/vs_vllm.py --variant t0:RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0
+
     .venv/bin/python bench/vs_vllm.py                 # make bench-vllm
     .venv/bin/python bench/vs_vllm.py --quick         # smoke test, ~5 minutes on 2 cores
 """
@@ -32,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -49,147 +59,33 @@ from typing import Any
 
 import httpx
 import psutil
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import proc_cpu
 from bench.common import chat_once, free_port, interleaved, pct
-from bench.servers import SMOLLM2, descendants, mint_key, start_vllm, stop_tree
+from bench.gateway_stack import (
+    ENGINE,
+    MODEL,
+    Variant,
+    gateway_config,
+    start_gateway,
+    wait_answering,
+    wait_gateway,
+)
+from bench.servers import descendants, start_vllm, stop_tree
+from bench.vs_vllm_report import plot, report
+
+__all__ = ["ENGINE", "MODEL", "gateway_config", "parse_args", "start_gateway", "wait_gateway"]
 
 REPO = Path(__file__).resolve().parent.parent
-MODEL = SMOLLM2
-ENGINE: dict[str, object] = {
-    "dtype": "float32",
-    "max_model_len": 2048,
-    "max_num_seqs": 16,
-    "enforce_eager": True,
-    "kv_cache_memory_bytes": 256 * 1024**2,
-}
-"""Engine settings of both stacks, in the catalog's names (bench.servers maps them to flags)."""
-BASE_CONFIG = "configs/local.yaml"
 PERCENTILES = (0.5, 0.9, 0.99)
 IDLE_SETTLE_S = 5.0
-SHORT_KIND = {"non-streamed": "json", "streamed": "stream", "ttft": "TTFT"}
-READY_LINE = b"==> gateway ready on"
 Call = Callable[[], Awaitable[tuple[float, float, int]]]
 
 
 class BenchTimeout(Exception):
     """--timeout-s ran out (raised from SIGALRM)."""
-
-
-# ---- set-up -------------------------------------------------------------------------------
-def gateway_config(target: Path, overrides: dict[str, Any] | None = None) -> Path:
-    """configs/local.yaml with its catalog files replaced by the SmolLM2 chat entry alone.
-
-    The entry is copied from the catalog file the config names (so the head runs with
-    its real deployment options) and its engine settings pinned to ``ENGINE``.
-    ``overrides`` replaces top-level keys of the application's ``args`` (a dict value
-    is merged one level down: ``{"ledger": {"flush_interval_s": 5}}``).
-    """
-    from serve_app.cli.serve import load_serve_config
-
-    config = load_serve_config(BASE_CONFIG)
-    apps = [a for a in config["applications"] if a["import_path"].startswith("serve_app.builders")]
-    if len(apps) != 1:
-        raise SystemExit(f"{BASE_CONFIG}: expected one gateway application, found {len(apps)}")
-    app = apps[0]
-    args = dict(app.get("args") or {})
-    entries = list(args.pop("catalog", []))
-    for name in args.pop("catalog_files", []):
-        entries += (yaml.safe_load((REPO / name).read_text()) or {}).get("models", [])
-    chat = [e for e in entries if e.get("id") == MODEL and e.get("head") == "chat"]
-    if not chat:
-        raise SystemExit(f"{BASE_CONFIG}: no chat entry '{MODEL}' in its catalog")
-    entry = dict(chat[0])
-    entry["engine"] = {**entry["engine"], "config": {**entry["engine"]["config"], **ENGINE}}
-    args["catalog"] = [entry]
-    for name, value in (overrides or {}).items():
-        merge = isinstance(value, dict) and isinstance(args.get(name), dict)
-        args[name] = {**args[name], **value} if merge else value
-    config["applications"] = [{**app, "args": args}]
-    target.write_text(yaml.safe_dump(config, sort_keys=False))
-    return target
-
-
-def start_gateway(
-    config: Path, port: int, work: Path, models_dir: Path, extra_args: list[str]
-) -> tuple[subprocess.Popen[bytes], str]:
-    """``gateway run`` on ``config`` in its own session, with its own state, DB and Ray dir."""
-    state = work / "state"
-    state.mkdir()
-    env = {
-        **os.environ,
-        "GATEWAY_STATE_DIR": str(state),
-        "GATEWAY_DATABASE_URL": f"sqlite:///{state}/gateway.db",
-        "GATEWAY_MODELS_DIR": str(models_dir),
-        # Ray's temp dir, so ray.init cannot find (and join) a cluster someone else started.
-        "RAY_TMPDIR": str(work / "r"),
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    }
-    env.pop("RAY_ADDRESS", None)
-    key = _mint_key_in(env)
-    cmd = [sys.executable, "-m", "serve_app.cli", "run", "--config", str(config)]
-    cmd += ["--port", str(port), "--dashboard-port", str(free_port()), *extra_args]
-    log = (work / "gateway.log").open("wb")
-    proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
-    )
-    return proc, key
-
-
-def _mint_key_in(env: dict[str, str]) -> str:
-    saved = {k: os.environ.get(k) for k in env if k.startswith("GATEWAY_")}
-    os.environ.update({k: v for k, v in env.items() if k.startswith("GATEWAY_")})
-    try:
-        return mint_key(env["GATEWAY_DATABASE_URL"])
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def wait_gateway(
-    base_url: str, key: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float
-) -> None:
-    """Wait for ``gateway run``'s "ready" line, then for a chat answer.
-
-    A head can answer before Serve reports the application running; the gateway's
-    readiness poll then turns it back to "warming" (503) for a while, so the first
-    200 alone is not the stack's steady state.
-    """
-    deadline = time.monotonic() + timeout_s
-    while READY_LINE not in log.read_bytes():
-        if proc.poll() is not None:
-            raise RuntimeError(f"gateway run exited with {proc.returncode} while starting")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gateway run was not ready within {timeout_s:.0f} s")
-        time.sleep(2)
-    wait_answering(base_url, key, proc, deadline - time.monotonic(), "gateway run")
-
-
-def wait_answering(
-    base_url: str, key: str, proc: subprocess.Popen[bytes], timeout_s: float, what: str
-) -> None:
-    """Poll a chat completion until it answers 200 (heads answer 503 while warming)."""
-    deadline = time.monotonic() + timeout_s
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    headers = {"Authorization": f"Bearer {key}"}
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode} while starting")
-        try:
-            url = f"{base_url}/v1/chat/completions"
-            if httpx.post(url, json=body, headers=headers, timeout=60).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    raise TimeoutError(f"{what} did not answer within {timeout_s:.0f} s")
 
 
 # ---- measuring ------------------------------------------------------------------------------
@@ -334,43 +230,47 @@ async def idle(stacks: list[Stack], seconds: float) -> dict[str, Any]:
     return result
 
 
-async def measure(
-    bare_url: str, gateway_url: str, key: str, procs: dict[str, list[proc_cpu.Proc]], args: Any
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Target:
+    """A started stack as ``measure`` reaches it: its name, URL, API key and processes."""
+
+    name: str
+    url: str
+    key: str | None
+    procs: list[proc_cpu.Proc]
+
+
+async def measure(targets: list[Target], args: Any) -> dict[str, Any]:
+    """Measure every stack in turns; ``targets[0]`` is the bare server, the rest gateways."""
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     timeout = httpx.Timeout(args.request_timeout_s)
-    auth = {"Authorization": f"Bearer {key}"}
-    async with (
-        httpx.AsyncClient(base_url=bare_url, timeout=timeout, limits=limits) as bare_client,
-        httpx.AsyncClient(
-            base_url=gateway_url, headers=auth, timeout=timeout, limits=limits
-        ) as gw_client,
-    ):
-        bare = Stack("bare", bare_client, procs["bare"])
-        gateway = Stack("gateway", gw_client, procs["gateway"])
-        stacks = [bare, gateway]
-        await check_honoured(gateway, args.tokens)
+    async with contextlib.AsyncExitStack() as exits:
+        stacks = []
+        for t in targets:
+            headers = {"Authorization": f"Bearer {t.key}"} if t.key else None
+            client = httpx.AsyncClient(
+                base_url=t.url, headers=headers, timeout=timeout, limits=limits
+            )
+            stacks.append(Stack(t.name, await exits.enter_async_context(client), t.procs))
+        for gateway in stacks[1:]:
+            await check_honoured(gateway, args.tokens)
         for _ in range(args.warmup):
             for stack in stacks:
                 await stack.request(True, args.tokens)()
                 await stack.request(False, args.tokens)()
-        progress(f"idle CPU of both stacks over {args.idle_s:g} s")
+        progress(f"idle CPU of every stack over {args.idle_s:g} s")
         idle_cpu = await idle(stacks, args.idle_s)
         progress(f"sequential: {args.requests} calls per path, in turns")
-        seq = await interleaved(
-            {
-                "bare json": bare.call(False, args.tokens, "sequential"),
-                "gateway json": gateway.call(False, args.tokens, "sequential"),
-                "bare stream": bare.call(True, args.tokens, "sequential"),
-                "gateway stream": gateway.call(True, args.tokens, "sequential"),
-            },
-            args.requests,
-            gap_s=args.gap_s,
-        )
+        calls = {
+            f"{s.name} {kind}": s.call(stream, args.tokens, "sequential")
+            for kind, stream in (("json", False), ("stream", True))
+            for s in stacks
+        }
+        seq = await interleaved(calls, args.requests, gap_s=args.gap_s)
         throughput: dict[str, dict[str, list[float]]] = {}
         for c in args.concurrency:
             progress(f"{c} concurrent streams: {args.rounds} rounds per path, in turns")
-            rounds: dict[str, list[float]] = {"bare": [], "gateway": []}
+            rounds: dict[str, list[float]] = {s.name: [] for s in stacks}
             for _ in range(args.rounds):
                 for stack in stacks:
                     rounds[stack.name].append(
@@ -384,12 +284,10 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     return {f"p{round(q * 100)}": round(pct(values, q) * 1000, 1) for q in PERCENTILES}
 
 
-def summarize(
-    seq: dict[str, Any],
-    throughput: dict[str, dict[str, list[float]]],
-    stacks: list[Stack],
-    idle_cpu: dict[str, Any],
+def compare(
+    seq: dict[str, Any], throughput: dict[str, dict[str, list[float]]], name: str
 ) -> dict[str, Any]:
+    """Latency percentiles and tokens/s of gateway stack ``name`` against the bare server."""
     latency: dict[str, Any] = {}
     for kind, key, attr in (
         ("non-streamed", "json", "latency"),
@@ -397,7 +295,7 @@ def summarize(
         ("ttft", "stream", "ttft"),
     ):
         bare = _percentiles(getattr(seq[f"bare {key}"], attr))
-        gateway = _percentiles(getattr(seq[f"gateway {key}"], attr))
+        gateway = _percentiles(getattr(seq[f"{name} {key}"], attr))
         latency[kind] = {
             "bare_ms": bare,
             "gateway_ms": gateway,
@@ -406,13 +304,26 @@ def summarize(
         }
     tps: dict[str, Any] = {}
     for c, rounds in throughput.items():
-        b, g = rounds["bare"], rounds["gateway"]
+        b, g = rounds["bare"], rounds[name]
         tps[c] = {
             "bare": [round(x, 1) for x in b],
             "gateway": [round(x, 1) for x in g],
             "ratio": round(sum(g) / sum(b), 3),
             "ratio_per_round": [round(y / x, 3) for x, y in zip(b, g, strict=True)],
         }
+    return {"latency": latency, "tokens_per_s": tps}
+
+
+def summarize(
+    seq: dict[str, Any],
+    throughput: dict[str, dict[str, list[float]]],
+    stacks: list[Stack],
+    idle_cpu: dict[str, Any],
+) -> dict[str, Any]:
+    """The main gateway's comparison at the top level (as before variants), then each
+    variant's under ``variants`` by its label."""
+    main = compare(seq, throughput, "gateway")
+    variants = {s.name[len("gateway[") : -1]: compare(seq, throughput, s.name) for s in stacks[2:]}
     phases = ["sequential", *(f"streams-{c}" for c in throughput)]
     cpu = {
         phase: {s.name: {r: round(v, 3) for r, v in s.per_1k_tokens(phase).items()} for s in stacks}
@@ -422,100 +333,13 @@ def summarize(
         phase: {s.name: s.per_1k_tokens_by_process(phase) for s in stacks} for phase in phases
     }
     return {
-        "latency": latency,
-        "tokens_per_s": tps,
+        **main,
+        "variants": variants,
         "cpu_s_per_1k_tokens": cpu,
         "cpu_s_per_1k_tokens_by_process": cpu_by_process,
         "idle_cpu": idle_cpu,
         "short_answers": {s.name: s.short_answers for s in stacks},
     }
-
-
-# ---- output ---------------------------------------------------------------------------------
-def report(result: dict[str, Any]) -> None:
-    cfg = result["config"]
-    print(
-        f"\n{cfg['model']} ({cfg['engine']}); {cfg['requests']} calls per path in turns, "
-        f"{cfg['tokens']} tokens forced, temperature 0; {result['host']['cpus']} cores"
-    )
-    print(f"{'':<14}{'':>5}{'bare ms':>10}{'gateway ms':>12}{'added ms':>10}{'ratio':>8}")
-    for kind, row in result["latency"].items():
-        for p in row["bare_ms"]:
-            print(
-                f"{kind:<14}{p:>5}{row['bare_ms'][p]:>10.1f}{row['gateway_ms'][p]:>12.1f}"
-                f"{row['added_ms'][p]:>+10.1f}{row['ratio'][p] or 0:>8.3f}"
-            )
-    print("\ncompletion tokens/s (2 x N streams per round, N in flight):")
-    for c, row in result["tokens_per_s"].items():
-        print(
-            f"  {c:>3} streams: bare {_list(row['bare'])}  gateway {_list(row['gateway'])}  "
-            f"ratio {row['ratio']:.3f}"
-        )
-    print("\nCPU seconds per 1,000 generated tokens:")
-    for phase, stacks in result["cpu_s_per_1k_tokens"].items():
-        for name, roles in stacks.items():
-            parts = ", ".join(f"{r} {v:.2f}" for r, v in roles.items() if r != "total")
-            print(f"  {phase:<12}{name:<8} total {roles.get('total', 0):6.2f}: {parts}")
-    idle_cpu = result["idle_cpu"]
-    if idle_cpu:
-        print(f"\nidle, {idle_cpu['seconds']} s with nothing to do (share of one core):")
-        for name in ("bare", "gateway"):
-            stack = idle_cpu[name]
-            roles = ", ".join(f"{r} {v:.3f}" for r, v in stack["by_role"].items())
-            print(f"  {name:<8} {stack['total_core_share']:.3f}: {roles}")
-        for row in idle_cpu["gateway"]["by_process"][:8]:
-            print(f"    {row['core_share']:.3f}  {row['process']}")
-    short = result["short_answers"]
-    if any(short.values()):
-        print(f"\nWARNING: answers shorter than --tokens: {short}")
-
-
-def _list(values: list[float]) -> str:
-    return "/".join(f"{v:.1f}" for v in values)
-
-
-def plot(result: dict[str, Any], target: Path) -> bool:
-    """Latency percentiles and tokens/s, bare vs gateway; False without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, (ax_lat, ax_tps) = plt.subplots(1, 2, figsize=(13, 4.8))
-    labels, bare, gateway = [], [], []
-    for kind, row in result["latency"].items():
-        for p in row["bare_ms"]:
-            labels.append(f"{SHORT_KIND[kind]}\n{p}")
-            bare.append(row["bare_ms"][p])
-            gateway.append(row["gateway_ms"][p])
-    xs = range(len(labels))
-    ax_lat.bar([x - 0.2 for x in xs], bare, 0.4, label="vLLM server")
-    ax_lat.bar([x + 0.2 for x in xs], gateway, 0.4, label="gateway")
-    ax_lat.set_xticks(list(xs), labels, fontsize=7)
-    ax_lat.set_ylabel("ms")
-    ax_lat.set_title(f"latency, {result['config']['tokens']} tokens, one call at a time")
-    ax_lat.legend()
-    conc = list(result["tokens_per_s"])
-    for name in ("bare", "gateway"):
-        rounds = [result["tokens_per_s"][c][name] for c in conc]
-        mean = [sum(r) / len(r) for r in rounds]
-        err = [[m - min(r) for m, r in zip(mean, rounds, strict=True)]]
-        err.append([max(r) - m for m, r in zip(mean, rounds, strict=True)])
-        label = "vLLM server" if name == "bare" else "gateway"
-        ax_tps.errorbar([int(c) for c in conc], mean, yerr=err, marker="o", capsize=4, label=label)
-    ax_tps.set_xticks([int(c) for c in conc])
-    ax_tps.set_ylim(bottom=0)
-    ax_tps.set_xlabel("concurrent streams")
-    ax_tps.set_ylabel("completion tokens/s (min-mean-max of rounds)")
-    ax_tps.set_title("throughput")
-    ax_tps.legend()
-    fig.suptitle(f"gateway vs vLLM's OpenAI server - {result['started']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(target, dpi=110)
-    plt.close(fig)
-    return True
 
 
 def progress(message: str) -> None:
@@ -555,6 +379,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="",
         help="extra `gateway run` options, e.g. '--no-dashboard' (quoted, shell-split)",
     )
+    parser.add_argument(
+        "--variant",
+        type=Variant.parse,
+        action="append",
+        default=[],
+        help="one more gateway stack measured in the same turns: LABEL:NAME=VALUE,... "
+        "(environment of its `gateway run`; repo=PATH runs another checkout's code)",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument(
         "--keep-logs", action="store_true", help="keep the servers' logs and state after success"
@@ -592,31 +424,46 @@ def main(argv: list[str] | None = None) -> int:
     started = time.strftime("%Y-%m-%dT%H-%M-%S")
     model_path = ensure_model(MODEL)
     work = Path(tempfile.mkdtemp(prefix="vsvllm-"))
-    vllm_port, gw_port = free_port(), free_port()
+    vllm_port = free_port()
     progress(f"model {model_path}; logs and state in {work}")
     config = gateway_config(work / "gateway.yaml")
+    gateways = [Variant("gateway", {}), *args.variant]
     procs: list[subprocess.Popen[bytes]] = []
     seen: list[psutil.Process] = []
     try:
         vllm = start_vllm(model_path, vllm_port, work / "vllm.log", ENGINE)
         procs.append(vllm)
-        gateway, key = start_gateway(
-            config, gw_port, work, model_path.parent, shlex.split(args.gateway_args)
-        )
-        procs.append(gateway)
-        progress(f"starting vLLM on :{vllm_port} and `gateway run` on :{gw_port}")
-        bare_url, gw_url = f"http://127.0.0.1:{vllm_port}", f"http://127.0.0.1:{gw_port}"
+        started_gateways = []
+        for variant in gateways:
+            name = "gateway" if variant.label == "gateway" else f"gateway[{variant.label}]"
+            folder = work if name == "gateway" else work / f"gw-{variant.label}"
+            port = free_port()
+            proc, key = start_gateway(
+                config,
+                port,
+                folder,
+                model_path.parent,
+                shlex.split(args.gateway_args),
+                variant.env,
+                variant.repo,
+            )
+            procs.append(proc)
+            started_gateways.append((name, folder, port, proc, key))
+            progress(f"starting `gateway run` {name} on :{port}")
+        progress(f"starting vLLM on :{vllm_port}")
+        bare_url = f"http://127.0.0.1:{vllm_port}"
         wait_answering(bare_url, "none", vllm, args.start_timeout_s, "vLLM server")
-        wait_gateway(gw_url, key, gateway, work / "gateway.log", args.start_timeout_s)
-        seen = descendants(gateway.pid) + descendants(vllm.pid)
-        stacks = {
-            "bare": proc_cpu.classify(vllm.pid, "bare"),
-            "gateway": proc_cpu.classify(gateway.pid, "gateway"),
-        }
-        for name, found in stacks.items():
-            roles = sorted({p.role for p in found})
-            progress(f"{name}: {len(found)} processes ({', '.join(roles)})")
-        result = asyncio.run(measure(bare_url, gw_url, key, stacks, args))
+        targets = [Target("bare", bare_url, None, proc_cpu.classify(vllm.pid, "bare"))]
+        seen = descendants(vllm.pid)
+        for name, folder, port, proc, key in started_gateways:
+            url = f"http://127.0.0.1:{port}"
+            wait_gateway(url, key, proc, folder / "gateway.log", args.start_timeout_s)
+            seen += descendants(proc.pid)
+            targets.append(Target(name, url, key, proc_cpu.classify(proc.pid, "gateway")))
+        for target in targets:
+            roles = sorted({p.role for p in target.procs})
+            progress(f"{target.name}: {len(target.procs)} processes ({', '.join(roles)})")
+        result = asyncio.run(measure(targets, args))
     except BenchTimeout:
         print(f"timed out after {args.timeout_s} s; logs in {work}", file=sys.stderr)
         return 2
@@ -625,8 +472,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         signal.alarm(0)
-        progress("stopping both stacks")
-        for proc in reversed(procs):  # gateway first: SIGINT is its clean Ctrl-C path
+        progress("stopping every stack")
+        for proc in reversed(procs):  # gateways first: SIGINT is their clean Ctrl-C path
             first = signal.SIGINT if proc is not procs[0] else signal.SIGTERM
             stop_tree(proc, first, 60.0, seen)
     result = {
@@ -640,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
             "rounds": args.rounds,
             "quick": args.quick,
             "gateway_args": args.gateway_args,
+            "variants": {v.label: v.describe() for v in args.variant},
             "command": " ".join(sys.argv),
         },
         "host": {

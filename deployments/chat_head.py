@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,7 +19,13 @@ from ray import serve
 
 from deployments.engines.base import EngineInfo, PreparedPrompt, TextEngine
 from deployments.replica_logging import configure_replica_logging
-from deployments.stream_batching import DEFAULT_INTERVAL_S, coalesce
+from deployments.stream_batching import (
+    DEFAULT_INTERVAL_S,
+    DEFAULT_MAX_INTERVAL_S,
+    DEFAULT_MESSAGES_PER_S,
+    StreamLoad,
+    coalesce,
+)
 from serve_app.contract.errors import GatewayError, HeadFailure, InvalidRequestError, UpstreamError
 from serve_app.contract.text import (
     GenerationDone,
@@ -183,6 +190,16 @@ async def _merge(streams: list[AsyncIterator[Any]]) -> AsyncIterator[Any]:
             task.cancel()
 
 
+def _has_content(batch: list[HeadEvent]) -> bool:
+    return any(isinstance(e, TextDelta) for e in batch)
+
+
+def _env_float(name: str, given: float | None) -> float | None:
+    """An experiment's override from the replica's environment, else ``given``."""
+    value = os.environ.get(name)
+    return float(value) if value else given
+
+
 @serve.deployment(ray_actor_options={"num_cpus": 1})
 class ChatHead:
     """Ray Serve replica hosting one text engine; the engine comes from a factory."""
@@ -193,9 +210,18 @@ class ChatHead:
         backend: str,
         engine_config: dict[str, Any],
         stream_batch_ms: float = DEFAULT_INTERVAL_S * 1000,
+        stream_batch_max_ms: float | None = None,
+        stream_messages_per_s: float | None = None,
     ) -> None:
         configure_replica_logging()
         self.batch_interval_s = stream_batch_ms / 1000
+        max_ms = _env_float("GATEWAY_STREAM_BATCH_MAX_MS", stream_batch_max_ms)
+        rate = _env_float("GATEWAY_STREAM_MESSAGES_PER_S", stream_messages_per_s)
+        self.load = StreamLoad(
+            self.batch_interval_s,
+            DEFAULT_MAX_INTERVAL_S if max_ms is None else max_ms / 1000,
+            DEFAULT_MESSAGES_PER_S if rate is None else rate,
+        )
         # Imported here: the gateway process imports this module for the
         # handle types and must not pay for (or need) vLLM itself.
         from deployments.engines.factory import build_text_engine
@@ -212,8 +238,17 @@ class ChatHead:
             async for event in events:
                 yield [event]
             return
-        async for batch in coalesce(events, self.batch_interval_s):
-            yield batch
+        load = self.load
+        streaming = False
+        try:
+            async for batch in coalesce(events, load.window if request.stream else None):
+                if request.stream and not streaming and _has_content(batch):
+                    streaming = True
+                    load.streaming += 1
+                yield batch
+        finally:
+            if streaming:
+                load.streaming -= 1
 
     async def info(self) -> EngineInfo:
         assert self.core.info is not None

@@ -21,6 +21,7 @@ with the first-token exception added.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -30,8 +31,42 @@ from serve_app.contract.text import TextDelta
 
 DEFAULT_INTERVAL_S = 0.02
 """Batch window while streaming: ~50 flushes per second per stream at most."""
+DEFAULT_MAX_INTERVAL_S = 0.2
+"""The widest window load may open (5 flushes per second per stream)."""
+DEFAULT_MESSAGES_PER_S = 100.0
+"""Messages per second a head replica aims to send at most, all its streams together."""
 
 _END = object()
+
+
+class StreamLoad:
+    """The batch window of one head replica, widened with the streams it is sending.
+
+    Each stream past its first token flushes at most once per window. With ``n``
+    of them the replica sends about ``n / window`` messages a second, and every
+    message costs CPU in three processes (head, gateway, Serve proxy) whatever it
+    carries. Under load, when tokens queue behind a busy CPU anyway, the window
+    grows to ``n / messages_per_s`` (between ``min_s`` and ``max_s``), so more
+    streams mean more tokens per message rather than more messages. One stream
+    alone keeps ``min_s``; ``messages_per_s=0`` keeps ``min_s`` always.
+    """
+
+    def __init__(
+        self,
+        min_s: float = DEFAULT_INTERVAL_S,
+        max_s: float = DEFAULT_MAX_INTERVAL_S,
+        messages_per_s: float = DEFAULT_MESSAGES_PER_S,
+    ) -> None:
+        self.min_s = min_s
+        self.max_s = max(min_s, max_s)
+        self.messages_per_s = messages_per_s
+        self.streaming = 0
+        """Streams past their first token and not finished."""
+
+    def window(self) -> float:
+        if self.messages_per_s <= 0:
+            return self.min_s
+        return min(self.max_s, max(self.min_s, self.streaming / self.messages_per_s))
 
 
 def merge_deltas(events: list[Any]) -> list[Any]:
@@ -70,42 +105,73 @@ def _is_content(event: Any) -> bool:
     return isinstance(event, TextDelta)
 
 
+Interval = float | None | Callable[[], float | None]
+"""A batch window in seconds, ``None`` for "the rest at once", or a function read per batch."""
+
+
 async def coalesce(
     events: AsyncIterator[Any],
-    interval_s: float | None = DEFAULT_INTERVAL_S,
+    interval_s: Interval = DEFAULT_INTERVAL_S,
     *,
     eager_until: Callable[[Any], bool] = _is_content,
 ) -> AsyncIterator[list[Any]]:
-    """Yield ``events`` as lists (see the module docstring); errors surface after a flush."""
-    queue: asyncio.Queue[Any] = asyncio.Queue()
+    """Yield ``events`` as lists (see the module docstring); errors surface after a flush.
+
+    A window opens when an event arrives, not on a clock: a stream whose tokens are
+    sparser than the window costs no wake-ups between them. ``interval_s`` may be a
+    function, read as each window opens, so a head can widen it under load.
+    """
+    queue: collections.deque[Any] = collections.deque()
+    ready = asyncio.Event()  # an event is queued, or the producer ended
     finished = asyncio.Event()
 
     async def pump() -> None:
         try:
             async for event in events:
-                queue.put_nowait(event)
+                queue.append(event)
+                ready.set()
         finally:
             finished.set()
+            ready.set()
+
+    async def next_event() -> Any:
+        """The next event, or ``_END`` once the producer finished and nothing is left."""
+        while not queue:
+            if reader.done():
+                reader.result()
+                return _END
+            ready.clear()
+            await ready.wait()
+        return queue.popleft()
 
     reader = asyncio.create_task(pump())
     try:
         eager = True
         while eager:  # one by one until the first content event
-            event = await _next(queue, reader)
+            event = await next_event()
             if event is _END:
                 return
             eager = not eager_until(event)
             yield [event]
         while True:
-            if interval_s is None:
-                await finished.wait()
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(finished.wait(), timeout=interval_s)
-            batch = _drain(queue)
+            await ready.wait()
+            window = interval_s() if callable(interval_s) else interval_s
+            if not finished.is_set():
+                if window is None:
+                    await finished.wait()
+                elif window > 0:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(window):
+                            await finished.wait()
+            ready.clear()
+            batch = list(queue)
+            queue.clear()
+            # Whether the producer had ended when drained: while the batch is out, it
+            # may still add (and end); those events go in the next batch, not lost.
+            ended = reader.done()
             if batch:
                 yield merge_deltas(batch)
-            if reader.done():
+            if ended:
                 reader.result()  # re-raise what the producer raised, after its output
                 return
     finally:
@@ -113,25 +179,3 @@ async def coalesce(
             reader.cancel()  # the consumer left: cancel the producer (the engine aborts)
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
-
-
-async def _next(queue: asyncio.Queue[Any], reader: asyncio.Task[None]) -> Any:
-    """The next event, or ``_END`` once the producer finished and nothing is left."""
-    while True:
-        if not queue.empty():
-            return queue.get_nowait()
-        if reader.done():
-            reader.result()
-            return _END
-        getter = asyncio.ensure_future(queue.get())
-        await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
-        if getter.done():
-            return getter.result()
-        getter.cancel()
-
-
-def _drain(queue: asyncio.Queue[Any]) -> list[Any]:
-    items: list[Any] = []
-    while not queue.empty():
-        items.append(queue.get_nowait())
-    return items

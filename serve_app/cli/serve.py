@@ -36,6 +36,15 @@ RAY_ENV_DEFAULTS = {
     # on the full local catalog (bench/idle_cpu.py): 0.22 -> 0.15 of a core, each head
     # replica 0.007 -> 0.003 (docs/tuning.md).
     "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
+    # Ray starts every worker (Serve replicas, and the vLLM engine under a head) at nice 15,
+    # below the bench client, Ray's daemons and anything else on the box; here the workers
+    # are the service. Measured at 32 streams (bench/RESULTS.md, 2026-11-25): tokens/s
+    # against vLLM's own server 0.77 -> 0.91 on the shared 2-core box.
+    "RAY_worker_niceness": "0",
+    # The proxy reaches the gateway replica over Serve's gRPC transport instead of Ray
+    # object refs (the gateway's chat-head handle does the same, in RayHeadClient): with
+    # both, proxy + gateway + head CPU per token fell by a third.
+    "RAY_SERVE_PROXY_USE_GRPC": "1",
 }
 """Environment ``gateway run`` gives Ray (and so every replica) unless already set."""
 logger = logging.getLogger(__name__)

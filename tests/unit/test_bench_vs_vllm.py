@@ -6,6 +6,7 @@ decide whether its figures compare like with like.
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -17,7 +18,9 @@ import pytest
 import yaml
 
 from bench import proc_cpu, servers
-from bench.vs_vllm import ENGINE, MODEL, gateway_config, parse_args
+from bench.common import Series
+from bench.gateway_stack import REPO, Variant
+from bench.vs_vllm import ENGINE, MODEL, compare, gateway_config, parse_args
 from serve_app.cli import build_parser
 from serve_app.cli import serve as serve_cli
 from serve_app.config import GatewayAppArgs
@@ -149,3 +152,35 @@ def test_ray_settings_the_operator_gave_win_over_gateway_runs_defaults(
     monkeypatch.setenv("RAY_SERVE_METRICS_EXPORT_INTERVAL_MS", "100")
     serve_cli._start_ray(build_parser().parse_args(["run"]))
     assert os.environ["RAY_SERVE_METRICS_EXPORT_INTERVAL_MS"] == "100"
+
+
+def test_a_variant_is_a_label_with_environment_settings_and_maybe_another_checkout(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "serve_app").mkdir()
+    args = parse_args(["--variant", f"t0:A=1,B=x=y,repo={tmp_path}", "--variant", "plain:"])
+    first, second = args.variant
+    assert (first.label, first.env, first.repo) == ("t0", {"A": "1", "B": "x=y"}, tmp_path)
+    assert (second.label, second.env, second.repo) == ("plain", {}, REPO)
+    for bad in ("nolabel", "gateway:A=1", "x:A", f"x:repo={tmp_path / 'nothing'}"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            Variant.parse(bad)
+
+
+def test_each_gateway_stack_is_compared_with_the_same_bare_calls() -> None:
+    def series(seconds: float) -> Series:
+        return Series(latency=[seconds] * 3, ttft=[seconds / 10] * 3, tokens=96)
+
+    seq = {
+        "bare json": series(1.0),
+        "bare stream": series(1.0),
+        "gateway[v] json": series(1.5),
+        "gateway[v] stream": series(2.0),
+    }
+    rounds = {"32": {"bare": [100.0, 100.0], "gateway[v]": [90.0, 80.0]}}
+    figures = compare(seq, rounds, "gateway[v]")
+    assert figures["latency"]["non-streamed"]["added_ms"]["p50"] == 500.0
+    assert figures["latency"]["streamed"]["ratio"]["p50"] == 2.0
+    assert figures["latency"]["ttft"]["added_ms"]["p50"] == 100.0
+    assert figures["tokens_per_s"]["32"]["ratio"] == 0.85
+    assert figures["tokens_per_s"]["32"]["ratio_per_round"] == [0.9, 0.8]

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from deployments.stream_batching import coalesce, merge_deltas
+from deployments.stream_batching import StreamLoad, coalesce, merge_deltas
 from serve_app.contract.text import GenerationDone, HeadStarted, TextDelta, ToolCallDelta
 
 
@@ -103,3 +103,53 @@ def test_merge_does_not_extend_a_finished_choice() -> None:
     first = TextDelta(0, text="end", completion_tokens=1, finish_reason="stop")
     second = TextDelta(0, text="again", completion_tokens=1)
     assert merge_deltas([first, second]) == [first, second]
+
+
+async def test_events_that_arrive_while_a_batch_is_out_are_not_lost() -> None:
+    started = HeadStarted(prompt_tokens=1, max_tokens=3)
+    done = GenerationDone(prompt_tokens=1, completion_tokens=3)
+    events = [(0, started), *_tokens(2, 0.0), (0.01, TextDelta(0, "t2 ", completion_tokens=3))]
+    seen: list[Any] = []
+    async for batch in coalesce(_timed([*events, (0.0, done)]), interval_s=0.001):
+        seen.extend(batch)
+        if any(isinstance(e, TextDelta) and e.text == "t1 " for e in batch):
+            await asyncio.sleep(0.05)  # a slow consumer: the producer ends meanwhile
+    assert seen[-1] == done
+    assert "".join(e.text for e in seen if isinstance(e, TextDelta)) == "t0 t1 t2 "
+
+
+async def test_no_wake_ups_while_no_token_comes() -> None:
+    """The window opens on an event: a slow stream is not polled every window."""
+    windows: list[float] = []
+
+    def window() -> float:
+        windows.append(1.0)
+        return 0.001
+
+    started = HeadStarted(prompt_tokens=1, max_tokens=3)
+    events = [(0, started), *_tokens(3, 0.05), (0.0, GenerationDone(1, 3))]
+    batches = await _collect(coalesce(_timed(events), window))
+    assert len(windows) <= 3  # one per batch after the first token, not one per 1 ms
+    assert sum(isinstance(e, TextDelta) for b in batches for e in b) == 3
+
+
+async def test_the_window_is_read_per_batch() -> None:
+    widths = iter([0.2, 0.0, 0.0, 0.0, 0.0])
+    started = HeadStarted(prompt_tokens=1, max_tokens=6)
+    events = [(0, started), *_tokens(6, 0.02), (0.0, GenerationDone(1, 6))]
+    batches = await _collect(coalesce(_timed(events), lambda: next(widths, 0.0)))
+    # the 200 ms window after the first token gathers the other five and the end
+    assert len(batches) == 3
+    assert batches[2][0] == TextDelta(0, text="t1 t2 t3 t4 t5 ", completion_tokens=6)
+
+
+def test_the_window_widens_with_the_streams_in_flight_between_its_bounds() -> None:
+    load = StreamLoad(min_s=0.02, max_s=0.2, messages_per_s=100)
+    assert load.window() == 0.02  # nothing streaming: the minimum
+    load.streaming = 1
+    assert load.window() == 0.02  # one stream alone keeps the minimum
+    load.streaming = 8
+    assert load.window() == pytest.approx(0.08)  # 8 streams share 100 messages/s
+    load.streaming = 64
+    assert load.window() == 0.2  # never wider than the maximum
+    assert StreamLoad(0.02, 0.2, messages_per_s=0).window() == 0.02  # adaptivity off

@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import grpc
 import pytest
 from ray import exceptions as ray_exceptions
 from ray.serve import exceptions as serve_exceptions
@@ -68,10 +69,12 @@ class FakeHandle:
     def __init__(self, outcome: Any) -> None:
         self.outcome = outcome
         self.streaming = False
+        self.by_reference = True
         self.responses: list[tuple[str, FakeResponse]] = []
 
-    def options(self, *, stream: bool) -> FakeHandle:
+    def options(self, *, stream: bool, _by_reference: bool = True) -> FakeHandle:
         self.streaming = stream
+        self.by_reference = _by_reference
         return self
 
     def __getattr__(self, method: str) -> Any:
@@ -130,6 +133,14 @@ FAILURES = {
         {},
     ),
     "other": (RuntimeError("handle broke"), 502, "upstream_error", {}),
+    "grpc stream broke": (
+        grpc.aio.AioRpcError(
+            grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(), "stream reset"
+        ),
+        502,
+        "upstream_error",
+        {},
+    ),
 }
 
 
@@ -166,6 +177,7 @@ async def test_a_stream_unpacks_batches_and_a_finished_call_is_not_cancelled() -
     handle = FakeHandle([[started], [delta, done]])
     assert await _read_stream(RayHeadClient("chat", handle)) == [started, delta, done]
     assert handle.streaming
+    assert not handle.by_reference  # Serve's gRPC transport, not Ray object references
     [(_, response)] = handle.responses
     assert not response.cancelled
 
