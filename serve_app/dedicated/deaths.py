@@ -10,12 +10,16 @@ already gone. Ray's records say better:
 - the node table's ``end_time_ms`` with its death reason. A node that left in an
   orderly way (``ray stop``, an autoscaler drain, a preemption notice the
   autoscaler drained) ended at that moment. A node declared dead by the health
-  checker ended before: the verdict comes ``failure_threshold - 1`` periods
-  after the first check that found it unreachable (checks refused at once when
-  the host is up; a vanished host's checks also wait their timeout, which only
-  makes the first failed check earlier still). That first failed check is the
-  latest moment the node can have died, so the life ends there: never billed
-  past the evidence, at most one period after the real death.
+  checker ended earlier: the GCS counts a node healthy while its raylet reports
+  (syncer messages) or answers a check, checks it once a period has passed in
+  silence, and gives its verdict after ``failure_threshold`` failed checks a
+  period apart. The verdict thus comes ``failure_threshold`` periods (plus the
+  checks' own time) after the last moment the GCS knew the node alive, so the
+  life ends at ``end_time_ms - failure_threshold x period``: never before that
+  last evidence of life, and, while checks fail at once (a dead raylet on a
+  live host refuses the connection), not after the first check that found the
+  node gone. A vanished host's checks also wait their timeout each, which only
+  moves the estimate later, towards what was observed.
 - otherwise the actor table's ``end_time`` (a replica process that crashed or
   was stopped on a node that lives on): the GCS records it as it happens.
 
@@ -41,8 +45,8 @@ class HealthCheckWindow:
 
     @property
     def verdict_delay(self) -> timedelta:
-        """From the first failed check to the verdict."""
-        return timedelta(milliseconds=self.period_ms * max(0, self.failure_threshold - 1))
+        """From the last moment the node was known alive to the verdict (at least)."""
+        return timedelta(milliseconds=self.period_ms * max(0, self.failure_threshold))
 
 
 @dataclass(frozen=True)

@@ -15,20 +15,25 @@ observation with a node and is dated:
   capacity, which bills nothing).
 
 A life closes when the replica is gone from Serve's list, dated by Ray's own
-record of its end where there is one (``deaths``): a node lost under it (a spot
-preemption) is seen by Serve only once the GCS declares the node dead, about
-15 s later, and those seconds are not billed; the life is marked ``lost``
-(``node_lost``). Without a record it is dated at that first observation
-(precision: one reconcile period, 2 s by default). Replicas that lived and
-died between two observations (a constructor that raises at once) are taken
-from Serve's ``recent_dead_replicas`` so failed boots are billed and shown too.
+record of its end where there is one (``serve_app.dedicated.deaths``), else
+at that first observation (precision: one reconcile period, 2 s by default).
+A node lost under a replica (a spot preemption without notice) is the case
+that matters: Serve stops a replica it can no longer reach within seconds,
+but the GCS declares its node dead only after its health checks ran out
+(about 15 s), and dates that verdict. So a life closed without a record stays
+open to correction for ``LOSS_WINDOW``: when the verdict comes, the life is
+moved back to when the node died and marked ``lost`` (``node_lost``); the
+seconds between the death and its detection are not billed. Replicas that
+lived and died between two observations (a constructor that raises at once)
+are taken from Serve's ``recent_dead_replicas`` so failed boots are billed and
+shown too.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from serve_app.dedicated.backend import AppObservation, AppSpec, ReplicaObservation
@@ -40,6 +45,10 @@ logger = logging.getLogger(__name__)
 DeathLookup = Callable[[Sequence[ReplicaObservation]], Mapping[str, ReplicaDeath]]
 
 PLACEMENT_GRACE = timedelta(seconds=15)
+LOSS_WINDOW = timedelta(seconds=90)
+"""How long a life closed without Ray's record of the death waits for one. The GCS
+declares a silent node dead ``failure_threshold`` health checks after its last sign of
+life: 15 s with Ray's defaults, longer where each check waits out its timeout."""
 _STATES = {
     "STARTING": "booting",
     "UPDATING": "running",
@@ -48,6 +57,15 @@ _STATES = {
     "PENDING_MIGRATION": "running",
     "STOPPING": "draining",
 }
+
+
+@dataclass(frozen=True)
+class _AwaitingVerdict:
+    """A life closed at its first observation, until Ray may still date it earlier."""
+
+    event: ReplicaEvent
+    where: ReplicaObservation
+    until: datetime
 
 
 @dataclass(frozen=True)
@@ -74,6 +92,7 @@ class ReplicaMeter:
         self._unplaced_since: dict[str, datetime] = {}
         self._placed: dict[str, ReplicaObservation] = {}
         """The last observation of each placed replica: where to ask about its death."""
+        self._awaiting: dict[str, _AwaitingVerdict] = {}
 
     def record(
         self,
@@ -98,6 +117,7 @@ class ReplicaMeter:
                     seen.add(key)
                     self._update(event, replica, now)
             self._short_lives(entry, obs, open_events, now)
+        self._revise(now)
         gone = [event for key, event in open_events.items() if key not in seen]
         deaths = self._lookup([event.replica_id for event in gone])
         for event in gone:
@@ -117,6 +137,27 @@ class ReplicaMeter:
         except Exception:
             logger.warning("could not read when replicas died; dating them now", exc_info=True)
             return {}
+
+    def _revise(self, now: datetime) -> None:
+        """Move lives closed without a record back to their node's death once Ray has it."""
+        self._awaiting = {k: v for k, v in self._awaiting.items() if v.until > now}
+        if not self._awaiting or self._deaths is None:
+            return
+        # Only node deaths can move a closed life back: the question leaves the actors out.
+        where = [replace(a.where, actor_id=None) for a in self._awaiting.values()]
+        try:
+            deaths = self._deaths(where)
+        except Exception:
+            logger.warning("could not read when replicas died", exc_info=True)
+            return
+        for replica_id, death in deaths.items():
+            waiting = self._awaiting.get(replica_id)
+            closed_at = waiting.event.scaled_down_at if waiting else None
+            if waiting is None or closed_at is None or not death.node_lost:
+                continue
+            del self._awaiting[replica_id]
+            if death.at < closed_at:  # else the node died after the replica was released
+                self._close(waiting.event, closed_at, death)
 
     def _open(
         self, entry: Watched, replica: ReplicaObservation, now: datetime
@@ -189,7 +230,8 @@ class ReplicaMeter:
             self.store.update_event(event, **values)
 
     def _close(self, event: ReplicaEvent, now: datetime, death: ReplicaDeath | None) -> None:
-        """End the life at Ray's recorded death, else now (see the module docstring)."""
+        """End the life at Ray's recorded death, else now (see the module docstring);
+        never later than ``now``, never before the life began."""
         end = now if death is None else min(now, max(event.scaled_up_at, death.at))
         values: dict[str, object] = {"scaled_down_at": end}
         if event.ready_at is not None and event.ready_at > end:
@@ -207,10 +249,13 @@ class ReplicaMeter:
             return
         # Never ready and never asked to drain: it died while starting.
         failed = event.ready_at is None and event.drain_requested_at is None
-        self.store.update_event(
+        closed = self.store.update_event(
             event,
             state="failed" if failed else "released",
             error_code="boot_failed" if failed else None,
             **values,
         )
         logger.info("replica %s released", event.replica_id)
+        where = self._placed.get(event.replica_id)
+        if where is not None and self._deaths is not None:  # its node may yet be declared dead
+            self._awaiting[event.replica_id] = _AwaitingVerdict(closed, where, now + LOSS_WINDOW)

@@ -14,7 +14,7 @@ from serve_app.dedicated.deaths import (
     actor_death,
     node_death,
 )
-from serve_app.dedicated.meter import ReplicaMeter
+from serve_app.dedicated.meter import LOSS_WINDOW, ReplicaMeter
 from tests.unit.dedicated.conftest import DedicatedHarness
 from tests.unit.dedicated.test_meter import T0, _watched
 
@@ -58,7 +58,7 @@ class RayRecords:
 # ---- the evidence ----------------------------------------------------------------------
 
 
-def test_health_check_verdict_is_dated_at_the_first_failed_check() -> None:
+def test_health_check_verdict_is_dated_at_the_last_evidence_of_life() -> None:
     verdict = _at(20)
     death = node_death(
         _ms(verdict),
@@ -67,8 +67,8 @@ def test_health_check_verdict_is_dated_at_the_first_failed_check() -> None:
         RAY_DEFAULTS,
     )
     assert death is not None and death.node_lost
-    # Five failed checks 3 s apart: the first one, 12 s before the verdict, found it gone.
-    assert death.at == verdict - timedelta(seconds=12)
+    # Silence for a period, then five failed checks 3 s apart: alive 15 s before the verdict.
+    assert death.at == verdict - timedelta(seconds=15)
     assert "UNEXPECTED_TERMINATION" in death.reason
 
 
@@ -124,6 +124,58 @@ async def test_preempted_replica_is_billed_until_its_node_died(ded: DedicatedHar
         ("r1", SPOT, "actor-r1")
     ]
     assert store.open_events() == {}  # the pending replacement bills nothing yet
+
+
+async def test_life_closed_before_the_verdict_is_moved_back_to_the_death(
+    ded: DedicatedHarness,
+) -> None:
+    records = RayRecords()
+    meter, watched = await _running(ded, records)
+    eid = watched["ded-my-bot"].row.id
+    # Serve cannot reach the replica and stops it within seconds; the GCS has no verdict yet.
+    meter.record({"ded-my-bot": _obs(_replica("r1", "STOPPING"))}, watched, _at(5))
+    meter.record({"ded-my-bot": _obs()}, watched, _at(7))
+    (life,), _ = meter.store.history(eid, 10)
+    assert (life.scaled_down_at, life.state) == (_at(7), "released")
+    meter.record({"ded-my-bot": _obs()}, watched, _at(9))
+    # The verdict: the node was last known alive at 3 s.
+    records.deaths["r1"] = ReplicaDeath(_at(3), node_lost=True, reason="health check failed")
+    meter.record({"ded-my-bot": _obs()}, watched, _at(20))
+    (life,), _ = meter.store.history(eid, 10)
+    assert (life.scaled_down_at, life.state, life.error_code) == (_at(3), "lost", "node_lost")
+    assert life.drain_requested_at is None
+    # Waiting for a verdict asks about the node only (one read), and stops once it came.
+    assert [r.actor_id for r in records.asked[-1]] == [None]
+    asked = len(records.asked)
+    meter.record({"ded-my-bot": _obs()}, watched, _at(22))
+    assert len(records.asked) == asked
+
+
+async def test_no_verdict_within_the_window_leaves_the_life_as_closed(
+    ded: DedicatedHarness,
+) -> None:
+    records = RayRecords()
+    meter, watched = await _running(ded, records)
+    eid = watched["ded-my-bot"].row.id
+    meter.record({"ded-my-bot": _obs()}, watched, _at(7))
+    late = _at(7) + LOSS_WINDOW + timedelta(seconds=1)
+    records.deaths["r1"] = ReplicaDeath(_at(3), node_lost=True, reason="x")
+    asked = len(records.asked)
+    meter.record({"ded-my-bot": _obs()}, watched, late)
+    assert len(records.asked) == asked  # no longer asked
+    (life,), _ = meter.store.history(eid, 10)
+    assert (life.scaled_down_at, life.state) == (_at(7), "released")
+
+
+async def test_a_node_that_died_after_the_release_changes_nothing(ded: DedicatedHarness) -> None:
+    records = RayRecords()
+    meter, watched = await _running(ded, records)
+    eid = watched["ded-my-bot"].row.id
+    meter.record({"ded-my-bot": _obs()}, watched, _at(7))  # scaled down, node lives on
+    records.deaths["r1"] = ReplicaDeath(_at(30), node_lost=True, reason="x")
+    meter.record({"ded-my-bot": _obs()}, watched, _at(40))
+    (life,), _ = meter.store.history(eid, 10)
+    assert (life.scaled_down_at, life.state) == (_at(7), "released")
 
 
 async def test_without_evidence_the_life_ends_when_seen_gone(ded: DedicatedHarness) -> None:
