@@ -2,20 +2,23 @@
 
 ``ServeBackend`` is the reconciler's whole view of Serve: deploy one app,
 delete one app, read every app's state, reach a deployment, sample replica
-counters. The real implementation (``ray_backend.RayServeBackend``) uses
-per-application Python API calls only (never a declarative config, which would
-delete the ops apps); unit tests inject a fake with the same surface, so the
-state machine is tested without Ray.
+counters, and ask Ray when gone replicas died (``deaths``). The real
+implementation (``ray_backend.RayServeBackend``) uses per-application Python
+API calls only (never a declarative config, which would delete the ops apps);
+unit tests inject a fake with the same surface, so the state machine is tested
+without Ray.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from serve_app.contract.dedicated import ReplicaStats
+from serve_app.dedicated.deaths import ReplicaDeath
 from serve_app.dedicated.options import CapacityClass
 from serve_app.heads.client import HeadClient
 
@@ -69,6 +72,8 @@ class ReplicaObservation:
     state: str
     node_id: str | None = None
     start_time_s: float | None = None
+    actor_id: str | None = None
+    """The replica's Ray actor: its death is recorded in the GCS actor table."""
 
 
 @dataclass(frozen=True)
@@ -115,3 +120,7 @@ class ServeBackend(Protocol):
     def head_client(self, app_name: str, deployment: str, model_id: str) -> HeadClient: ...
 
     async def sample(self, app_name: str, deployment: str, replicas: int) -> list[ReplicaStats]: ...
+
+    def deaths(self, replicas: Sequence[ReplicaObservation]) -> dict[str, ReplicaDeath]:
+        """Replica id -> when Ray recorded its end, for those it has a record of."""
+        ...

@@ -14,25 +14,41 @@ observation with a node and is dated:
 - else at the last observation that still saw it unplaced (it was waiting for
   capacity, which bills nothing).
 
-A life closes at the first observation where the replica is gone. Replicas
-that lived and died between two observations (a constructor that raises at
-once) are taken from Serve's ``recent_dead_replicas`` so failed boots are
-billed and shown too. Precision is one reconcile period (2 s by default).
+A life closes when the replica is gone from Serve's list, dated by Ray's own
+record of its end where there is one (``serve_app.dedicated.deaths``), else
+at that first observation (precision: one reconcile period, 2 s by default).
+A node lost under a replica (a spot preemption without notice) is the case
+that matters: Serve stops a replica it can no longer reach within seconds,
+but the GCS declares its node dead only after its health checks ran out
+(about 15 s), and dates that verdict. So a life closed without a record stays
+open to correction for ``LOSS_WINDOW``: when the verdict comes, the life is
+moved back to when the node died and marked ``lost`` (``node_lost``); the
+seconds between the death and its detection are not billed. Replicas that
+lived and died between two observations (a constructor that raises at once)
+are taken from Serve's ``recent_dead_replicas`` so failed boots are billed and
+shown too.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from serve_app.dedicated.backend import AppObservation, AppSpec, ReplicaObservation
+from serve_app.dedicated.deaths import ReplicaDeath
 from serve_app.dedicated.store import DedicatedStore, EndpointRow, ReplicaEvent
 
 logger = logging.getLogger(__name__)
 
+DeathLookup = Callable[[Sequence[ReplicaObservation]], Mapping[str, ReplicaDeath]]
+
 PLACEMENT_GRACE = timedelta(seconds=15)
+LOSS_WINDOW = timedelta(seconds=90)
+"""How long a life closed without Ray's record of the death waits for one. The GCS
+declares a silent node dead ``failure_threshold`` health checks after its last sign of
+life: 15 s with Ray's defaults, longer where each check waits out its timeout."""
 _STATES = {
     "STARTING": "booting",
     "UPDATING": "running",
@@ -41,6 +57,15 @@ _STATES = {
     "PENDING_MIGRATION": "running",
     "STOPPING": "draining",
 }
+
+
+@dataclass(frozen=True)
+class _AwaitingVerdict:
+    """A life closed at its first observation, until Ray may still date it earlier."""
+
+    event: ReplicaEvent
+    where: ReplicaObservation
+    until: datetime
 
 
 @dataclass(frozen=True)
@@ -60,10 +85,14 @@ def _started(replica: ReplicaObservation, now: datetime) -> datetime:
 class ReplicaMeter:
     """Opens, updates and closes ``dedicated_replicas`` rows from observations."""
 
-    def __init__(self, store: DedicatedStore) -> None:
+    def __init__(self, store: DedicatedStore, deaths: DeathLookup | None = None) -> None:
         self.store = store
+        self._deaths = deaths
         self._last_seen_at: datetime | None = None
         self._unplaced_since: dict[str, datetime] = {}
+        self._placed: dict[str, ReplicaObservation] = {}
+        """The last observation of each placed replica: where to ask about its death."""
+        self._awaiting: dict[str, _AwaitingVerdict] = {}
 
     def record(
         self,
@@ -78,6 +107,9 @@ class ReplicaMeter:
             entry = watched.get(app_name)
             if entry is None:
                 continue
+            for replica in (*obs.dead_replicas, *obs.replicas):
+                if replica.node_id is not None:
+                    self._placed[replica.replica_id] = replica
             for replica in obs.replicas:
                 key = (entry.row.id, replica.replica_id)
                 event = open_events.get(key) or self._open(entry, replica, now)
@@ -85,12 +117,47 @@ class ReplicaMeter:
                     seen.add(key)
                     self._update(event, replica, now)
             self._short_lives(entry, obs, open_events, now)
-        for key, event in open_events.items():
-            if key not in seen:
-                self._close(event, now)
+        self._revise(now)
+        gone = [event for key, event in open_events.items() if key not in seen]
+        deaths = self._lookup([event.replica_id for event in gone])
+        for event in gone:
+            self._close(event, now, deaths.get(event.replica_id))
         live = {r.replica_id for obs in observed.values() for r in obs.replicas}
         self._unplaced_since = {k: v for k, v in self._unplaced_since.items() if k in live}
+        self._placed = {k: v for k, v in self._placed.items() if k in live}
         self._last_seen_at = now
+
+    def _lookup(self, replica_ids: Sequence[str]) -> Mapping[str, ReplicaDeath]:
+        """Ray's record of when these replicas died; empty when it cannot say."""
+        where = [self._placed[r] for r in replica_ids if r in self._placed]
+        if not where or self._deaths is None:
+            return {}
+        try:
+            return self._deaths(where)
+        except Exception:
+            logger.warning("could not read when replicas died; dating them now", exc_info=True)
+            return {}
+
+    def _revise(self, now: datetime) -> None:
+        """Move lives closed without a record back to their node's death once Ray has it."""
+        self._awaiting = {k: v for k, v in self._awaiting.items() if v.until > now}
+        if not self._awaiting or self._deaths is None:
+            return
+        # Only node deaths can move a closed life back: the question leaves the actors out.
+        where = [replace(a.where, actor_id=None) for a in self._awaiting.values()]
+        try:
+            deaths = self._deaths(where)
+        except Exception:
+            logger.warning("could not read when replicas died", exc_info=True)
+            return
+        for replica_id, death in deaths.items():
+            waiting = self._awaiting.get(replica_id)
+            closed_at = waiting.event.scaled_down_at if waiting else None
+            if waiting is None or closed_at is None or not death.node_lost:
+                continue
+            del self._awaiting[replica_id]
+            if death.at < closed_at:  # else the node died after the replica was released
+                self._close(waiting.event, closed_at, death)
 
     def _open(
         self, entry: Watched, replica: ReplicaObservation, now: datetime
@@ -143,12 +210,12 @@ class ReplicaMeter:
         if not candidates:
             return
         known = self.store.known_replicas(entry.row.id, [r.replica_id for r in candidates])
-        for replica in candidates:
-            if replica.replica_id in known:
-                continue
+        new = [r for r in candidates if r.replica_id not in known]
+        deaths = self._lookup([r.replica_id for r in new])
+        for replica in new:
             event = self._event(entry, replica, _started(replica, now))
             self.store.add_event(event)
-            self._close(event, now)
+            self._close(event, now, deaths.get(replica.replica_id))
 
     def _update(self, event: ReplicaEvent, replica: ReplicaObservation, now: datetime) -> None:
         values: dict[str, object] = {}
@@ -162,13 +229,33 @@ class ReplicaMeter:
         if values:
             self.store.update_event(event, **values)
 
-    def _close(self, event: ReplicaEvent, now: datetime) -> None:
+    def _close(self, event: ReplicaEvent, now: datetime, death: ReplicaDeath | None) -> None:
+        """End the life at Ray's recorded death, else now (see the module docstring);
+        never later than ``now``, never before the life began."""
+        end = now if death is None else min(now, max(event.scaled_up_at, death.at))
+        values: dict[str, object] = {"scaled_down_at": end}
+        if event.ready_at is not None and event.ready_at > end:
+            values["ready_at"] = end  # it died before this meter saw it running
+        if death is not None and death.node_lost:
+            if event.drain_requested_at is not None and event.drain_requested_at > end:
+                values["drain_requested_at"] = None  # Serve stopped a replica already gone
+            self.store.update_event(event, state="lost", error_code="node_lost", **values)
+            logger.warning(
+                "replica %s lost with its node at %s (%s)",
+                event.replica_id,
+                end.isoformat(),
+                death.reason,
+            )
+            return
         # Never ready and never asked to drain: it died while starting.
         failed = event.ready_at is None and event.drain_requested_at is None
-        self.store.update_event(
+        closed = self.store.update_event(
             event,
-            scaled_down_at=now,
             state="failed" if failed else "released",
             error_code="boot_failed" if failed else None,
+            **values,
         )
         logger.info("replica %s released", event.replica_id)
+        where = self._placed.get(event.replica_id)
+        if where is not None and self._deaths is not None:  # its node may yet be declared dead
+            self._awaiting[event.replica_id] = _AwaitingVerdict(closed, where, now + LOSS_WINDOW)

@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from enum import Enum
 from typing import Any
 
 from serve_app.contract.dedicated import ReplicaStats
 from serve_app.dedicated.backend import AppObservation, AppSpec, ReplicaObservation
+from serve_app.dedicated.deaths import HealthCheckWindow, ReplicaDeath, actor_death, node_death
 from serve_app.dedicated.policy import BURST, HEAD
 from serve_app.heads.client import HeadClient, RayHeadClient
 
 logger = logging.getLogger(__name__)
 
 SAMPLE_TIMEOUT_S = 5.0
+GCS_TIMEOUT_S = 5.0
 
 
 def _text(value: Any) -> str:
@@ -63,6 +66,7 @@ def _replicas(app: dict[str, Any], key: str) -> tuple[ReplicaObservation, ...]:
             state=_text(r.get("state")),
             node_id=r.get("node_id"),
             start_time_s=r.get("start_time_s"),
+            actor_id=r.get("actor_id"),
         )
         for dep_name, dep in (app.get("deployments") or {}).items()
         for r in dep.get(key) or []
@@ -147,3 +151,60 @@ class RayServeBackend:
             if len(found) >= replicas:
                 break
         return list(found.values())
+
+    def deaths(self, replicas: Sequence[ReplicaObservation]) -> dict[str, ReplicaDeath]:
+        """When Ray recorded each replica's end (``serve_app.dedicated.deaths``).
+
+        One read of the dead nodes covers every replica; a replica whose node lives
+        on is looked up in the actor table (one GCS read each, and only for replicas
+        that just left Serve's list).
+        """
+        if not replicas:
+            return {}
+        lost = _dead_nodes()
+        found: dict[str, ReplicaDeath] = {}
+        for replica in replicas:
+            death = lost.get(replica.node_id or "")
+            if death is None and replica.actor_id:
+                death = _actor_end(replica.actor_id)
+            if death is not None:
+                found[replica.replica_id] = death
+        return found
+
+
+def _dead_nodes() -> dict[str, ReplicaDeath]:
+    """Node id -> its recorded end, for every node the GCS holds as dead."""
+    import ray
+    from ray.core.generated import common_pb2, gcs_pb2
+
+    worker: Any = ray._private.worker.global_worker
+    config: Any = ray._config  # the cluster's RayConfig, as this worker received it
+    window = HealthCheckWindow(
+        config.health_check_period_ms(), config.health_check_failure_threshold()
+    )
+    protos: Any = (common_pb2, gcs_pb2)  # generated modules: no stubs
+    nodes = worker.gcs_client.get_all_node_info(
+        timeout=GCS_TIMEOUT_S, state_filter=protos[1].GcsNodeInfo.DEAD
+    )
+    found: dict[str, ReplicaDeath] = {}
+    for node_id, info in nodes.items():
+        reason = protos[0].NodeDeathInfo.Reason.Name(info.death_info.reason)
+        death = node_death(info.end_time_ms, reason, info.death_info.reason_message, window)
+        if death is not None:
+            found[node_id.hex()] = death
+    return found
+
+
+def _actor_end(actor_id: str) -> ReplicaDeath | None:
+    """The actor table's record of one replica actor's end, if it is dead."""
+    from ray._private import state
+
+    actor: dict[str, Any] = state.state.actor_table(actor_id)
+    if not actor:
+        return None
+    cause = actor.get("DeathCause")
+    return actor_death(
+        str(actor.get("State")),
+        int(actor.get("EndTime") or 0),
+        str(cause.WhichOneof("context")) if cause is not None else "",
+    )

@@ -66,7 +66,7 @@ class Reconciler:
         self.backend = backend
         self.clock = clock
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        self.meter = ReplicaMeter(store)
+        self.meter = ReplicaMeter(store, deaths=backend.deaths)
         self._task: asyncio.Task[None] | None = None
 
     # ---- the loop -------------------------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ from deployments.chat_head import ChatHeadCore
 from serve_app.contract.dedicated import ReplicaStats, ServedBy
 from serve_app.contract.text import HeadEvent, HeadRequest
 from serve_app.dedicated.backend import AppObservation, AppSpec, ReplicaObservation
+from serve_app.dedicated.deaths import ReplicaDeath
 from tests.fakes.scripted_engine import ScriptedEngine
 
 _ids = itertools.count(1)
@@ -63,6 +64,8 @@ class FakeServeBackend:
         self.cores: dict[str, ChatHeadCore] = {}
         self.boot_delay_s = 0.0
         """How long a call that boots a replica from zero waits before the replica answers."""
+        self.recorded_deaths: dict[str, ReplicaDeath] = {}
+        """What Ray's tables would say about replicas that died (``deaths``)."""
 
     # ---- ServeBackend --------------------------------------------------------
     def deploy(self, spec: AppSpec) -> None:
@@ -114,6 +117,13 @@ class FakeServeBackend:
             for r in app.replicas
             if r.deployment == deployment and r.state == "RUNNING"
         ][:replicas]
+
+    def deaths(self, replicas: Sequence[ReplicaObservation]) -> dict[str, ReplicaDeath]:
+        return {
+            r.replica_id: self.recorded_deaths[r.replica_id]
+            for r in replicas
+            if r.replica_id in self.recorded_deaths
+        }
 
     # ---- test controls ---------------------------------------------------------
     def _new_replica(self, deployment: str) -> FakeReplica:

@@ -91,6 +91,7 @@ def test_serve_details_become_observations() -> None:
                                 "replica_id": "a",
                                 "state": ReplicaState.RUNNING,
                                 "node_id": "n",
+                                "actor_id": "act-a",
                                 "start_time_s": 1.0,
                             },
                             {
@@ -118,4 +119,5 @@ def test_serve_details_become_observations() -> None:
     app = obs["ded-x"]
     assert (app.ready, app.total, app.running, app.failed) == (1, 2, False, False)
     assert app.replicas[1].node_id is None and app.dead_replicas[0].replica_id == "c"
+    assert app.replicas[0].actor_id == "act-a"  # where the GCS records its death
     assert obs["gateway"].running
