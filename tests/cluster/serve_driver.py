@@ -23,6 +23,7 @@ from typing import Any
 def status() -> dict[str, Any]:
     import ray
 
+    from deployments.dedicated_head import DedicatedHead
     from serve_app.dedicated.ray_backend import RayServeBackend
 
     apps = {
@@ -38,7 +39,7 @@ def status() -> dict[str, Any]:
                 for r in obs.replicas
             ],
         }
-        for name, obs in RayServeBackend().status().items()
+        for name, obs in RayServeBackend(DedicatedHead).status().items()
     }
     nodes = {
         n["NodeID"]: {"alive": bool(n["Alive"]), "resources": n.get("Resources") or {}}

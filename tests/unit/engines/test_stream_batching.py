@@ -153,3 +153,25 @@ def test_the_window_widens_with_the_streams_in_flight_between_its_bounds() -> No
     load.streaming = 64
     assert load.window() == 0.2  # never wider than the maximum
     assert StreamLoad(0.02, 0.2, messages_per_s=0).window() == 0.02  # adaptivity off
+
+
+def test_merge_keeps_every_tokens_logprobs_in_order() -> None:
+    def chat(token: str) -> dict[str, Any]:
+        return {"content": [{"token": token, "logprob": -0.5, "top_logprobs": []}]}
+
+    completion_a = {"tokens": ["a"], "token_logprobs": [-0.1], "text_offset": [0]}
+    completion_b = {"tokens": ["b"], "token_logprobs": [-0.2], "text_offset": [1]}
+    events = [
+        TextDelta(0, "a", completion_tokens=1, logprobs=chat("a")),
+        TextDelta(0, "b", completion_tokens=2, logprobs=None),
+        TextDelta(0, "c", completion_tokens=3, logprobs=chat("c")),
+        TextDelta(1, "a", completion_tokens=1, logprobs=completion_a),
+        TextDelta(1, "b", completion_tokens=2, logprobs=completion_b),
+    ]
+    first, second = merge_deltas(events)
+    assert [e["token"] for e in first.logprobs["content"]] == ["a", "c"]
+    assert second.logprobs == {
+        "tokens": ["a", "b"],
+        "token_logprobs": [-0.1, -0.2],
+        "text_offset": [0, 1],
+    }
