@@ -5,20 +5,21 @@ and the ``gateway_host`` slots the ingress asks for); a second node joins with
 ``ray start --address ... --resources '{"capacity_spot": 1}'`` and nothing
 else, as a spot GPU worker does. A spot dedicated endpoint's replica lands on
 it; the node is then killed outright (SIGKILL of its whole process group: a
-preemption without notice, so Ray learns of it only from missed health
-checks, ~15 s later). The test checks what a customer and the bill see:
+preemption without notice; Serve stops the unreachable replica within seconds,
+the GCS declares the node dead from missed health checks ~15 s after its last
+sign of life). The test checks what a customer and the bill see:
 
-- the replica's life ends when the node died, not when Ray noticed (the
-  scaling history's ``scaled_down_at``; state ``lost``);
+- the replica's life ends when the node died, not when Serve or the GCS
+  noticed (the scaling history's ``scaled_down_at``; state ``lost``);
 - while nothing is ready the endpoint is ``warming`` and calls get 503
   ``model_warming`` with ``Retry-After``; the replacement waiting for spot
   capacity bills nothing;
 - when a spot node joins again the replacement lands there and the endpoint
   serves again.
 
-Every wait is bounded; the fixture ends every process it started (the node
-groups, the driver, and any stray worker of this cluster's session dir) and
-checks none is left.
+Every wait is bounded (about a minute in all); the fixture ends every process
+it started (the node groups, the driver, and any process carrying this
+cluster's own auth token) and checks none is left.
 """
 
 from __future__ import annotations
