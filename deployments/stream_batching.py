@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
-from serve_app.contract.text import TextDelta
+from serve_app.contract.text import TextDelta, merge_logprobs
 
 DEFAULT_INTERVAL_S = 0.02
 """Batch window while streaming: ~50 flushes per second per stream at most."""
@@ -97,30 +97,8 @@ def merge_deltas(events: list[Any]) -> list[Any]:
             tool_calls=[*before.tool_calls, *event.tool_calls],
             finish_reason=event.finish_reason,
             completion_tokens=max(before.completion_tokens, event.completion_tokens),
-            logprobs=merge_logprobs(before.logprobs, event.logprobs),
+            logprobs=merge_logprobs([p for p in (before.logprobs, event.logprobs) if p]),
         )
-    return merged
-
-
-def merge_logprobs(first: Any, second: Any) -> Any:
-    """Join two deltas' logprobs in OpenAI's shape: each list field is concatenated.
-
-    Chat carries ``{"content": [...]}`` (and ``refusal``), completions parallel lists
-    (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``, whose offsets
-    vLLM already counts from the start of the text); a merged delta must keep every
-    token's entry, in order.
-    """
-    if first is None:
-        return second
-    if second is None:
-        return first
-    merged = dict(first)
-    for key, value in second.items():
-        before = merged.get(key)
-        if isinstance(before, list) and isinstance(value, list):
-            merged[key] = [*before, *value]
-        elif before is None:
-            merged[key] = value
     return merged
 
 

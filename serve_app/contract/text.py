@@ -81,6 +81,27 @@ def merge_tool_call(calls: list[ToolCallDelta], fragment: ToolCallDelta) -> int:
     return len(calls) - 1
 
 
+def merge_logprobs(parts: list[Any]) -> dict[str, Any] | None:
+    """Per-delta logprobs objects -> one (lists joined key by key), or None if none came.
+
+    One rule for every place deltas are joined: the head's stream batching and the
+    gateway's assembly of a whole answer.
+
+    The chat shape is ``{"content": [...], "refusal": ...}``; the legacy one has
+    ``tokens``, ``token_logprobs``, ``top_logprobs`` and ``text_offset`` lists.
+    """
+    if not parts:
+        return None
+    merged: dict[str, Any] = {}
+    for part in parts:
+        for key, value in part.items():
+            if isinstance(value, list):
+                merged.setdefault(key, []).extend(value)
+            else:
+                merged.setdefault(key, value)
+    return merged
+
+
 @dataclass
 class TextDelta:
     """New output for one choice."""

@@ -25,6 +25,7 @@ from serve_app.contract.text import (
     HeadEvent,
     TextDelta,
     ToolCallDelta,
+    merge_logprobs,
     merge_tool_call,
 )
 from serve_app.inference.sse import sse_frame
@@ -183,24 +184,6 @@ def completion_body(
         choices=choices,
         usage=usage_of(collected.done, separate_channel),
     )
-
-
-def merge_logprobs(parts: list[Any]) -> dict[str, Any] | None:
-    """Per-delta logprobs objects -> one (lists joined key by key), or None if none came.
-
-    The chat shape is ``{"content": [...], "refusal": ...}``; the legacy one has
-    ``tokens``, ``token_logprobs``, ``top_logprobs`` and ``text_offset`` lists.
-    """
-    if not parts:
-        return None
-    merged: dict[str, Any] = {}
-    for part in parts:
-        for key, value in part.items():
-            if isinstance(value, list):
-                merged.setdefault(key, []).extend(value)
-            else:
-                merged.setdefault(key, value)
-    return merged
 
 
 _CHAT_CHUNK = TypeAdapter(ChatCompletionChunk)
