@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from fastapi.responses import Response
 from pydantic import TypeAdapter
@@ -189,6 +189,9 @@ def completion_body(
 _CHAT_CHUNK = TypeAdapter(ChatCompletionChunk)
 _COMPLETION_CHUNK = TypeAdapter(CompletionChunk)
 
+ChunkT = TypeVar("ChunkT", ChatCompletionChunk, CompletionChunk)
+ChoiceT = TypeVar("ChoiceT", ChunkChoice, CompletionChunkChoice)
+
 
 def _tool_call_fragment(call: ToolCallDelta) -> ToolCallChunk:
     """A streamed fragment: id, type and name only on a call's first fragment."""
@@ -198,8 +201,12 @@ def _tool_call_fragment(call: ToolCallDelta) -> ToolCallChunk:
     return {"index": call.index, "id": call.id, "type": "function", "function": function}
 
 
-class ChatChunker:
-    """The ``chat.completion.chunk`` SSE frames of one stream."""
+class _Chunker(Generic[ChunkT, ChoiceT]):
+    """What both routes' chunkers share: the chunk envelope, its serializer, the
+    usage and routing chunks. Subclasses name the ``object`` and the adapter."""
+
+    object_name: ClassVar[str]
+    adapter: ClassVar[TypeAdapter[Any]]
 
     def __init__(self, request_id: str, model: str, separate_channel: bool) -> None:
         self.request_id = request_id
@@ -207,18 +214,40 @@ class ChatChunker:
         self.created = int(time.time())
         self.separate_channel = separate_channel
 
-    def _chunk(self, choices: list[ChunkChoice]) -> ChatCompletionChunk:
-        return {
-            "id": self.request_id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
+    def _chunk(self, choices: list[ChoiceT]) -> ChunkT:
+        return cast(
+            ChunkT,
+            {
+                "id": self.request_id,
+                "object": self.object_name,
+                "created": self.created,
+                "model": self.model,
+                "choices": choices,
+            },
+        )
 
-    @staticmethod
-    def _frame(chunk: ChatCompletionChunk) -> bytes:
-        return sse_frame(_CHAT_CHUNK.dump_json(chunk, ensure_ascii=True))
+    def _frame(self, chunk: ChunkT) -> bytes:
+        return sse_frame(self.adapter.dump_json(chunk, ensure_ascii=True))
+
+    def _extension(self, key: str, value: Any) -> bytes:
+        """A chunk with no choices carrying one top-level field (usage, routing, ...)."""
+        chunk = cast(dict[str, Any], self._chunk([]))
+        chunk[key] = value
+        return self._frame(cast(ChunkT, chunk))
+
+    def usage(self, done: GenerationDone) -> bytes:
+        return self._extension("usage", usage_of(done, self.separate_channel))
+
+    def routing(self, routing: dict[str, Any]) -> bytes:
+        """The disclosure chunk of an externally served stream (spec 2.3)."""
+        return self._extension("routing", routing)
+
+
+class ChatChunker(_Chunker[ChatCompletionChunk, ChunkChoice]):
+    """The ``chat.completion.chunk`` SSE frames of one stream."""
+
+    object_name = "chat.completion.chunk"
+    adapter = _CHAT_CHUNK
 
     def role(self, n_choices: int) -> bytes:
         return self._frame(
@@ -254,22 +283,9 @@ class ChatChunker:
             choice["logprobs"] = delta.logprobs
         return self._frame(self._chunk([choice]))
 
-    def usage(self, done: GenerationDone) -> bytes:
-        chunk = self._chunk([])
-        chunk["usage"] = usage_of(done, self.separate_channel)
-        return self._frame(chunk)
-
-    def routing(self, routing: dict[str, Any]) -> bytes:
-        """The disclosure chunk of an externally served stream (spec 2.3)."""
-        chunk = self._chunk([])
-        chunk["routing"] = routing
-        return self._frame(chunk)
-
     def web_search(self, activity: dict[str, Any]) -> bytes:
         """The tool loop's extension chunk: a tool call about to run, or ``done`` (spec 6)."""
-        chunk = self._chunk([])
-        chunk["web_search"] = activity
-        return self._frame(chunk)
+        return self._extension("web_search", activity)
 
     def annotations(self, annotations: list[dict[str, Any]]) -> bytes:
         """The tool loop's ``delta.annotations`` chunk, just before the finish (spec 6)."""
@@ -281,27 +297,11 @@ class ChatChunker:
         return self._frame(self._chunk([choice]))
 
 
-class CompletionChunker:
+class CompletionChunker(_Chunker[CompletionChunk, CompletionChunkChoice]):
     """The ``text_completion`` SSE frames of one stream (legacy route)."""
 
-    def __init__(self, request_id: str, model: str, separate_channel: bool) -> None:
-        self.request_id = request_id
-        self.model = model
-        self.created = int(time.time())
-        self.separate_channel = separate_channel
-
-    def _chunk(self, choices: list[CompletionChunkChoice]) -> CompletionChunk:
-        return {
-            "id": self.request_id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
-
-    @staticmethod
-    def _frame(chunk: CompletionChunk) -> bytes:
-        return sse_frame(_COMPLETION_CHUNK.dump_json(chunk, ensure_ascii=True))
+    object_name = "text_completion"
+    adapter = _COMPLETION_CHUNK
 
     def role(self, n_choices: int) -> None:
         return None
@@ -316,13 +316,3 @@ class CompletionChunker:
             "logprobs": delta.logprobs,
         }
         return self._frame(self._chunk([choice]))
-
-    def usage(self, done: GenerationDone) -> bytes:
-        chunk = self._chunk([])
-        chunk["usage"] = usage_of(done, self.separate_channel)
-        return self._frame(chunk)
-
-    def routing(self, routing: dict[str, Any]) -> bytes:
-        chunk = self._chunk([])
-        chunk["routing"] = routing
-        return self._frame(chunk)
