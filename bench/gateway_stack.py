@@ -35,17 +35,19 @@ BASE_CONFIG = "configs/local.yaml"
 READY_LINE = b"==> gateway ready on"
 
 
-def gateway_config(target: Path, overrides: dict[str, Any] | None = None) -> Path:
+def gateway_config(
+    target: Path, overrides: dict[str, Any] | None = None, repo: Path = REPO
+) -> Path:
     """configs/local.yaml with its catalog files replaced by the SmolLM2 chat entry alone.
 
     The entry is copied from the catalog file the config names (so the head runs with
     its real deployment options) and its engine settings pinned to ``ENGINE``.
     ``overrides`` replaces top-level keys of the application's ``args`` (a dict value
-    is merged one level down: ``{"ledger": {"flush_interval_s": 5}}``).
+    is merged one level down: ``{"ledger": {"flush_interval_s": 5}}``). ``repo`` is the
+    checkout whose config is read: an older checkout (a ``--variant repo=``) validates
+    its own config schema, which this one's keys would not pass.
     """
-    from serve_app.cli.serve import load_serve_config
-
-    config = load_serve_config(BASE_CONFIG)
+    config = yaml.safe_load((repo / BASE_CONFIG).read_text()) or {}
     apps = [a for a in config["applications"] if a["import_path"].startswith("serve_app.builders")]
     if len(apps) != 1:
         raise SystemExit(f"{BASE_CONFIG}: expected one gateway application, found {len(apps)}")
@@ -53,7 +55,7 @@ def gateway_config(target: Path, overrides: dict[str, Any] | None = None) -> Pat
     args = dict(app.get("args") or {})
     entries = list(args.pop("catalog", []))
     for name in args.pop("catalog_files", []):
-        entries += (yaml.safe_load((REPO / name).read_text()) or {}).get("models", [])
+        entries += (yaml.safe_load((repo / name).read_text()) or {}).get("models", [])
     chat = [e for e in entries if e.get("id") == MODEL and e.get("head") == "chat"]
     if not chat:
         raise SystemExit(f"{BASE_CONFIG}: no chat entry '{MODEL}' in its catalog")

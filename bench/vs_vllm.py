@@ -438,8 +438,12 @@ def main(argv: list[str] | None = None) -> int:
             name = "gateway" if variant.label == "gateway" else f"gateway[{variant.label}]"
             folder = work if name == "gateway" else work / f"gw-{variant.label}"
             port = free_port()
+            own = config
+            if variant.repo != REPO:
+                folder.mkdir(parents=True, exist_ok=True)
+                own = gateway_config(folder / "gateway.yaml", repo=variant.repo)
             proc, key = start_gateway(
-                config,
+                own,
                 port,
                 folder,
                 model_path.parent,
