@@ -330,7 +330,10 @@ class ResponseBuilder:
         return frames + self._terminal("completed")
 
     def failed(self, err: GatewayError, partial: GenerationDone) -> list[bytes]:
-        """After the response started: partial text is incomplete, none is failed."""
+        """After the response started: partial text is incomplete, none is failed. After
+        the terminal event nothing changes: the Response already stated its end."""
+        if self.terminal:
+            return []
         produced_text = bool("".join(self._text))
         frames = self._close_all(need_message=False, cut=produced_text)
         self.response["usage"] = response_usage(partial)

@@ -9,7 +9,8 @@ Response it ends with, so a change to any key's order, presence, ``null``-ness o
 escaping, to an event's name or to a sequence number fails here. The cases cover
 server-tool items (completed, failed with logs and error), reasoning, client
 function calls in fragments, a cited message, a cut answer, an upstream failure
-with and without partial text, and a refused second terminal event.
+with and without partial text, and a failure after the terminal event (refused:
+no event, and the Response it ended with is unchanged).
 """
 
 from __future__ import annotations
@@ -184,7 +185,13 @@ def _failed_without_text() -> list[bytes]:
 
 def _empty_answer() -> list[bytes]:
     builder = _builder(False)
-    return _run(builder, [lambda: builder.finished(GenerationDone(2, 0), "stop")])
+    return _run(
+        builder,
+        [
+            lambda: builder.finished(GenerationDone(2, 0), "stop"),
+            lambda: builder.failed(UpstreamError("late"), GenerationDone(2, 0)),  # refused
+        ],
+    )
 
 
 EXPECTED: dict[str, list[bytes]] = {
