@@ -114,7 +114,7 @@ def _tools_reasoning_calls_and_citations() -> list[bytes]:
         TextDelta(0, tool_calls=[ToolCallDelta("", "", '"UTC"}', 0)]),
         TextDelta(0, tool_calls=[ToolCallDelta("call_b", "get_time", "{}", 1)]),
         TextDelta(0, text='Answer [1] \u4e2d "q"\\ '),
-        TextDelta(0, text="and [2], [1,2].\x7f"),
+        TextDelta(0, text="and [2], [1,2]."),
         TextDelta(0),  # nothing to say: no event
     ]
     return _run(
