@@ -18,17 +18,19 @@ from __future__ import annotations
 import json
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from itertools import count
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.responses import JSONResponse
+from pydantic import ConfigDict, TypeAdapter
 
 from serve_app.contract.text import GenerationDone, TextDelta, ToolCallDelta
 from serve_app.inference.responses_render import ResponseBuilder
 from serve_app.protocol.errors import GatewayError, UpstreamError
+from serve_app.protocol.responses import ResponseResource, StreamEvent
 from serve_app.tools.citations import SourceList
 from serve_app.tools.runners import ToolCallRecord
 
@@ -90,7 +92,7 @@ def _run(builder: ResponseBuilder, steps: list[Callable[[], list[bytes]]]) -> li
     frames = builder.created()
     for step in steps:
         frames += step()
-    return [*frames, JSONResponse(builder.response).body]
+    return [*frames, builder.body()]
 
 
 def _tools_reasoning_calls_and_citations() -> list[bytes]:
@@ -212,7 +214,40 @@ BUILT: dict[str, Callable[[], list[bytes]]] = {
 @pytest.mark.parametrize("case", list(BUILT))
 def test_wire_bytes_are_unchanged(case: str) -> None:
     assert set(BUILT) == set(EXPECTED)
-    built = BUILT[case]()
+    with warnings.catch_warnings():
+        # An item or part that no member of its union fits would still be written
+        # (pydantic falls back to inferring its type), but with a warning.
+        warnings.simplefilter("error")
+        built = BUILT[case]()
     assert len(built) == len(EXPECTED[case])
     for n, (got, expected) in enumerate(zip(built, EXPECTED[case], strict=True)):
         assert got == expected, f"{case}, frame {n}"
+
+
+def _data(frame: bytes) -> Any:
+    name, data = frame.split(b"\n", 1)
+    assert name.startswith(b"event: ") and data.startswith(b"data: ") and data.endswith(b"\n\n")
+    return json.loads(data[len(b"data: ") :])
+
+
+def test_del_parses_back_to_the_same_text() -> None:
+    """U+007F: ``json.dumps`` escaped it, pydantic writes it as it is (valid JSON either
+    way, as on chat); the event and the body still carry the same text."""
+    builder = _builder(False)
+    builder.created()
+    *_, frame = builder.delta(TextDelta(0, text="a\x7fb"))
+    assert _data(frame)["delta"] == "a\x7fb"
+    builder.finished(GenerationDone(1, 1), "stop")
+    assert json.loads(builder.body())["output_text"] == "a\x7fb"
+
+
+def test_the_protocol_types_describe_every_pinned_frame_exactly() -> None:
+    """Strict, no extra key at any depth: each event is its type's TypedDict (picked by
+    ``type``), each body a ``ResponseResource``; so the types the builder is checked
+    against (and the published schema) are what the wire carries."""
+    exact = ConfigDict(extra="forbid", strict=True)
+    events = TypeAdapter(list[StreamEvent], config=exact)
+    bodies = TypeAdapter(list[ResponseResource], config=exact)
+    for frames in EXPECTED.values():
+        events.validate_python([_data(frame) for frame in frames[:-1]])
+        bodies.validate_json(b"[" + frames[-1] + b"]")
