@@ -12,24 +12,35 @@ the OpenAI defaults are stated for it too (docs/api.md says so).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, cast
 
 from serve_app.catalog.config import CatalogModel
-from serve_app.protocol.responses import ResponsesRequest
+from serve_app.protocol.responses import (
+    FunctionToolChoice,
+    ReasoningEcho,
+    ResponseSettings,
+    ResponsesRequest,
+    ServerToolEcho,
+    ServerToolType,
+    ToolEcho,
+)
 from serve_app.tools.declarations import RESULTS_PER_SEARCH, ServerToolPlan
 
 ENGINE_DEFAULT_TEMPERATURE = 1.0
 ENGINE_DEFAULT_TOP_P = 1.0
-_SIZE_OF = {results: size for size, results in RESULTS_PER_SEARCH.items()}
+_SIZE_OF = {
+    results: cast(Literal["low", "medium", "high"], size)
+    for size, results in RESULTS_PER_SEARCH.items()
+}
 _EFFORT_ECHO = {"minimal": "low"}
 """Efforts the schema lacks, echoed as the closest grade it has (the head only switches
 deliberation on or off, so ``minimal`` and ``low`` are applied identically)."""
 
 
-def echo_tools(functions: list[dict[str, Any]], plan: ServerToolPlan) -> list[dict[str, Any]]:
+def echo_tools(functions: list[dict[str, Any]], plan: ServerToolPlan) -> list[ToolEcho]:
     """Function tools flat (every key of the schema's FunctionTool), then the server tools
     with the budgets and limits the loop applies."""
-    tools: list[dict[str, Any]] = []
+    tools: list[ToolEcho] = []
     for entry in functions:
         function = entry["function"]
         tools.append(
@@ -42,7 +53,7 @@ def echo_tools(functions: list[dict[str, Any]], plan: ServerToolPlan) -> list[di
             }
         )
     for kind, budget in plan.budgets.items():
-        tool: dict[str, Any] = {"type": kind, "max_uses": budget}
+        tool: ServerToolEcho = {"type": cast(ServerToolType, kind), "max_uses": budget}
         if kind == "web_search":
             tool["search_context_size"] = _SIZE_OF.get(plan.results_per_search, "medium")
         if kind == "code_interpreter":
@@ -51,16 +62,16 @@ def echo_tools(functions: list[dict[str, Any]], plan: ServerToolPlan) -> list[di
     return tools
 
 
-def echo_tool_choice(choice: Any, has_tools: bool) -> Any:
+def echo_tool_choice(choice: Any, has_tools: bool) -> str | FunctionToolChoice:
     """The relayed choice in the Responses form; omitted means auto with tools, else none."""
     if choice is None:
         return "auto" if has_tools else "none"
     if isinstance(choice, dict):  # chat form after ``convert_tool_choice``
         return {"type": "function", "name": choice["function"]["name"]}
-    return choice
+    return cast(str, choice)
 
 
-def echo_reasoning(body: ResponsesRequest, model: CatalogModel) -> dict[str, Any] | None:
+def echo_reasoning(body: ResponsesRequest, model: CatalogModel) -> ReasoningEcho | None:
     """``{effort, summary}`` on models that deliberate or were switched; else null.
 
     ``effort: null`` means the model's own default; ``summary`` is never produced.
@@ -82,7 +93,7 @@ def response_settings(
     tool_choice: Any,
     max_output_tokens: int | None,
     engine_defaults: dict[str, float],
-) -> dict[str, Any]:
+) -> ResponseSettings:
     """The ResponseResource fields that describe how the response was generated.
 
     ``engine_defaults``: what the head reported applying to omitted sampling values.

@@ -2,11 +2,20 @@
 
 One ``ResponseBuilder`` serves both modes: it keeps the Response snapshot
 up to date and returns the named events each step produces; a non-streamed
-request simply drops the events. Sequence numbers come from one counter, so
-they strictly increase, and exactly one terminal event is produced (the
-builder refuses a second). Items are appended in the order they start, and
-the loop delivers them in the order of spec 2.10 (tool calls, reasoning,
-function calls, message), so ``output_index`` is the final position.
+request simply drops the events and takes ``body()``. Sequence numbers come
+from one counter, so they strictly increase, and exactly one terminal event is
+produced (the builder refuses a second, and a refused one changes nothing).
+Items are appended in the order they start, and the loop delivers them in the
+order of spec 2.10 (tool calls, reasoning, function calls, message), so
+``output_index`` is the final position.
+
+The Response, its items and every event are the protocol's TypedDicts
+(``serve_app.protocol.responses``), each serialized once, straight to bytes, by
+a ``TypeAdapter`` built once per type: an event per token is on the hot path,
+and a checked dict costs less there than a model instance or ``json.dumps``.
+Events are written ASCII-escaped (as ``json.dumps`` wrote them), the body as
+UTF-8 (as Starlette's ``JSONResponse`` did); ``tests/unit/inference/
+test_responses_wire_bytes.py`` pins the bytes.
 
 Every Response snapshot (body, ``response.created`` / ``in_progress`` and the
 terminal event) is a complete Open Responses ``ResponseResource``: the
@@ -20,25 +29,94 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Any, Literal, TypeVar, cast
+
+from pydantic import TypeAdapter
 
 from serve_app.contract.text import GenerationDone, TextDelta, ToolCallDelta
-from serve_app.inference.sse import sse_event
 from serve_app.protocol.errors import GatewayError
+from serve_app.protocol.responses import (
+    AnnotationAddedEvent,
+    ArgumentsDeltaEvent,
+    ArgumentsDoneEvent,
+    ContentPartEvent,
+    FunctionCallItem,
+    IncompleteDetails,
+    ItemStatus,
+    MessageItem,
+    OutputItem,
+    OutputItemEvent,
+    OutputTextDeltaEvent,
+    OutputTextDoneEvent,
+    OutputTextPart,
+    ReasoningItem,
+    ReasoningTextDeltaEvent,
+    ReasoningTextDoneEvent,
+    ReasoningTextPart,
+    ResponseEvent,
+    ResponseEventType,
+    ResponseResource,
+    ResponseSettings,
+    ResponseUsage,
+    ServerToolCallEvent,
+    ServerToolEventType,
+    UrlCitation,
+)
 from serve_app.tools.citations import SourceList
 from serve_app.tools.runners import ToolCallRecord
+
+_RESPONSE = TypeAdapter(ResponseResource)
+_RESPONSE_EVENT = TypeAdapter(ResponseEvent)
+_ITEM_EVENT = TypeAdapter(OutputItemEvent)
+_PART_EVENT = TypeAdapter(ContentPartEvent)
+_TEXT_DELTA = TypeAdapter(OutputTextDeltaEvent)
+_TEXT_DONE = TypeAdapter(OutputTextDoneEvent)
+_ANNOTATION = TypeAdapter(AnnotationAddedEvent)
+_REASONING_DELTA = TypeAdapter(ReasoningTextDeltaEvent)
+_REASONING_DONE = TypeAdapter(ReasoningTextDoneEvent)
+_ARGUMENTS_DELTA = TypeAdapter(ArgumentsDeltaEvent)
+_ARGUMENTS_DONE = TypeAdapter(ArgumentsDoneEvent)
+_TOOL_EVENT = TypeAdapter(ServerToolCallEvent)
+
+Event = TypeVar(
+    "Event",
+    ResponseEvent,
+    OutputItem,
+    OutputItemEvent,
+    ContentPartEvent,
+    OutputTextDeltaEvent,
+    OutputTextDoneEvent,
+    AnnotationAddedEvent,
+    ReasoningTextDeltaEvent,
+    ReasoningTextDoneEvent,
+    ArgumentsDeltaEvent,
+    ArgumentsDoneEvent,
+    ServerToolCallEvent,
+)
+Terminal = Literal["completed", "incomplete", "failed"]
+_TERMINAL_EVENT: dict[Terminal, ResponseEventType] = {
+    "completed": "response.completed",
+    "incomplete": "response.incomplete",
+    "failed": "response.failed",
+}
 
 
 def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
-def response_usage(done: GenerationDone) -> dict[str, Any]:
+def _frame(adapter: TypeAdapter[Event], event: Event) -> bytes:
+    """A named SSE event: ``event:`` line (the ``type``), then the ``data:`` line."""
+    payload = adapter.dump_json(event, ensure_ascii=True)
+    return b"event: " + event["type"].encode() + b"\ndata: " + payload + b"\n\n"
+
+
+def response_usage(done: GenerationDone) -> ResponseUsage:
     """Usage with ``input_tokens_details`` (the schema requires it; 0 when the engine
     reported no cache hit count); ``output_tokens_details`` only when the engine reported
     the reasoning split (spec 2.7, 2.10: never a made-up 0, the route's one deliberate
     deviation from Open Responses)."""
-    usage: dict[str, Any] = {
+    usage: ResponseUsage = {
         "input_tokens": done.prompt_tokens,
         "output_tokens": done.completion_tokens,
         "total_tokens": done.prompt_tokens + done.completion_tokens,
@@ -58,11 +136,11 @@ class ResponseBuilder:
         model: str,
         metadata: dict[str, Any] | None,
         *,
-        settings: dict[str, Any],
+        settings: ResponseSettings,
         separate_channel: bool,
         sources: SourceList | None,
     ) -> None:
-        self.response: dict[str, Any] = {
+        self.response: ResponseResource = {
             "id": response_id,
             "object": "response",
             "created_at": int(time.time()),
@@ -83,55 +161,85 @@ class ResponseBuilder:
         self.sources = sources
         self.sequence = 0
         self.terminal = False
-        self._reasoning: dict[str, Any] | None = None
-        self._message: dict[str, Any] | None = None
-        self._calls: dict[int, dict[str, Any]] = {}
+        self._reasoning: ReasoningItem | None = None
+        self._message: MessageItem | None = None
+        self._calls: dict[int, FunctionCallItem] = {}
         """Client function calls still streaming, by the head's fragment ``index``."""
+        self._indexes: dict[str, int] = {}
+        """``output_index`` by item id: items are only appended (or replaced in place)."""
         self._text: list[str] = []
         self._thought: list[str] = []
 
+    def body(self) -> bytes:
+        """The Response as a non-streamed answer's JSON body (UTF-8)."""
+        return _RESPONSE.dump_json(self.response)
+
     # -- events ---------------------------------------------------------------
 
-    def _event(self, kind: str, **payload: Any) -> bytes:
-        event = {"type": kind, "sequence_number": self.sequence, **payload}
+    def _next(self) -> int:
+        """The next event's ``sequence_number``; take it as the event is written."""
+        number = self.sequence
         self.sequence += 1
-        return sse_event(kind, event)
+        return number
 
-    def _snapshot(self) -> dict[str, Any]:
-        output = [dict(item) for item in self.response["output"]]
-        return {**self.response, "output": output}
+    def _response_event(self, kind: ResponseEventType) -> bytes:
+        """The Response as it stands, serialized now (later changes are later events')."""
+        event: ResponseEvent = {
+            "type": kind,
+            "sequence_number": self._next(),
+            "response": self.response,
+        }
+        return _frame(_RESPONSE_EVENT, event)
 
-    def _add_item(self, item: dict[str, Any]) -> tuple[int, bytes]:
+    def _item_event(self, stage: Literal["added", "done"], index: int, item: OutputItem) -> bytes:
+        event: OutputItemEvent = {
+            "type": "response.output_item.added"
+            if stage == "added"
+            else "response.output_item.done",
+            "sequence_number": self._next(),
+            "output_index": index,
+            "item": item,
+        }
+        return _frame(_ITEM_EVENT, event)
+
+    def _add_item(self, item: OutputItem) -> tuple[int, bytes]:
         self.response["output"].append(item)
-        index = len(self.response["output"]) - 1
-        return index, self._event("response.output_item.added", output_index=index, item=item)
-
-    def _index(self, item: dict[str, Any]) -> int:
-        return next(i for i, o in enumerate(self.response["output"]) if o is item)
+        index = self._indexes[item["id"]] = len(self.response["output"]) - 1
+        return index, self._item_event("added", index, item)
 
     def created(self) -> list[bytes]:
         """``response.created`` then ``response.in_progress``: generation has begun."""
         return [
-            self._event("response.created", response=self._snapshot()),
-            self._event("response.in_progress", response=self._snapshot()),
+            self._response_event("response.created"),
+            self._response_event("response.in_progress"),
         ]
 
     # -- server tools -----------------------------------------------------------
 
+    def _tool_event(
+        self, stage: Literal["in_progress", "completed"], index: int, record: ToolCallRecord
+    ) -> bytes:
+        kind = cast(ServerToolEventType, f"response.{record.kind}_call.{stage}")
+        event: ServerToolCallEvent = {
+            "type": kind,
+            "sequence_number": self._next(),
+            "output_index": index,
+            "item_id": record.id,
+        }
+        return _frame(_TOOL_EVENT, event)
+
     def tool_started(self, record: ToolCallRecord) -> list[bytes]:
         index, added = self._add_item(record.item())
-        kind = f"response.{record.kind}_call.in_progress"
-        return [added, self._event(kind, output_index=index, item_id=record.id)]
+        return [added, self._tool_event("in_progress", index, record)]
 
     def tool_finished(self, record: ToolCallRecord) -> list[bytes]:
-        index = next(i for i, o in enumerate(self.response["output"]) if o["id"] == record.id)
+        index = self._indexes[record.id]
         item = record.item()
         self.response["output"][index] = item
         frames = []
         if record.status == "completed":
-            kind = f"response.{record.kind}_call.completed"
-            frames.append(self._event(kind, output_index=index, item_id=record.id))
-        frames.append(self._event("response.output_item.done", output_index=index, item=item))
+            frames.append(self._tool_event("completed", index, record))
+        frames.append(self._item_event("done", index, item))
         return frames
 
     # -- the answer -------------------------------------------------------------
@@ -145,45 +253,61 @@ class ResponseBuilder:
             for call in delta.tool_calls:
                 frames += self._function_call(call)
         if delta.text:
-            frames += self._close_reasoning()
-            frames += self._close_calls()
-            frames += self._text_delta(delta.text)
+            if self._reasoning is not None:
+                frames += self._close_reasoning()
+            if self._calls:
+                frames += self._close_calls()
+            if self._message is None:
+                self._open_message(frames)
+            frames.append(self._text_delta(delta.text))
         return frames
 
     def _reasoning_delta(self, text: str) -> list[bytes]:
         frames: list[bytes] = []
         item = self._reasoning
         if item is None:
-            item = {"id": _id("rs"), "type": "reasoning", "status": "in_progress"}
-            item.update(summary=[], content=[])  # spec 2.10: summary stays empty
-            self._reasoning = item
+            item = self._reasoning = {
+                "id": _id("rs"),
+                "type": "reasoning",
+                "status": "in_progress",
+                "summary": [],  # spec 2.10: summary stays empty
+                "content": [],
+            }
             index, added = self._add_item(item)
-            part = {"type": "reasoning_text", "text": ""}
-            frames += [added, self._part_event("added", item, index, part)]
+            part: ReasoningTextPart = {"type": "reasoning_text", "text": ""}
+            frames += [added, self._part_event("added", item["id"], index, part)]
         self._thought.append(text)
-        frames.append(
-            self._event(
-                "response.reasoning_text.delta",
-                item_id=item["id"],
-                output_index=self._index(item),
-                content_index=0,
-                delta=text,
-            )
-        )
+        event: ReasoningTextDeltaEvent = {
+            "type": "response.reasoning_text.delta",
+            "sequence_number": self._next(),
+            "item_id": item["id"],
+            "output_index": self._indexes[item["id"]],
+            "content_index": 0,
+            "delta": text,
+        }
+        frames.append(_frame(_REASONING_DELTA, event))
         return frames
 
     def _close_reasoning(self) -> list[bytes]:
         item = self._reasoning
         if item is None or item["status"] != "in_progress":
             return []
-        index, text = self._index(item), "".join(self._thought)
-        part = {"type": "reasoning_text", "text": text}
-        item.update(status="completed", content=[part])
-        ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        index, text = self._indexes[item["id"]], "".join(self._thought)
+        part: ReasoningTextPart = {"type": "reasoning_text", "text": text}
+        item["status"] = "completed"
+        item["content"] = [part]
+        done: ReasoningTextDoneEvent = {
+            "type": "response.reasoning_text.done",
+            "sequence_number": self._next(),
+            "item_id": item["id"],
+            "output_index": index,
+            "content_index": 0,
+            "text": text,
+        }
         return [
-            self._event("response.reasoning_text.done", **ids, text=text),
-            self._part_event("done", item, index, part),
-            self._event("response.output_item.done", output_index=index, item=item),
+            _frame(_REASONING_DONE, done),
+            self._part_event("done", item["id"], index, part),
+            self._item_event("done", index, item),
         ]
 
     def _function_call(self, call: ToolCallDelta) -> list[bytes]:
@@ -193,7 +317,7 @@ class ResponseBuilder:
         if item is None or (call.id and call.id != item["call_id"]):
             if item is not None:
                 frames += self._close_call(call.index, "completed")
-            item = {
+            item = self._calls[call.index] = {
                 "id": _id("fc"),
                 "type": "function_call",
                 "status": "in_progress",
@@ -201,79 +325,91 @@ class ResponseBuilder:
                 "name": call.name,
                 "arguments": "",
             }
-            self._calls[call.index] = item
             frames.append(self._add_item(item)[1])
         if call.arguments:
             item["arguments"] += call.arguments
-            frames.append(
-                self._event(
-                    "response.function_call_arguments.delta",
-                    item_id=item["id"],
-                    output_index=self._index(item),
-                    delta=call.arguments,
-                )
-            )
+            event: ArgumentsDeltaEvent = {
+                "type": "response.function_call_arguments.delta",
+                "sequence_number": self._next(),
+                "item_id": item["id"],
+                "output_index": self._indexes[item["id"]],
+                "delta": call.arguments,
+            }
+            frames.append(_frame(_ARGUMENTS_DELTA, event))
         return frames
 
-    def _close_call(self, key: int, status: str) -> list[bytes]:
+    def _close_call(self, key: int, status: ItemStatus) -> list[bytes]:
         item = self._calls.pop(key)
-        index = self._index(item)
+        index = self._indexes[item["id"]]
         item["status"] = status
-        return [
-            self._event(
-                "response.function_call_arguments.done",
-                item_id=item["id"],
-                output_index=index,
-                arguments=item["arguments"],
-            ),
-            self._event("response.output_item.done", output_index=index, item=item),
-        ]
+        done: ArgumentsDoneEvent = {
+            "type": "response.function_call_arguments.done",
+            "sequence_number": self._next(),
+            "item_id": item["id"],
+            "output_index": index,
+            "arguments": item["arguments"],
+        }
+        return [_frame(_ARGUMENTS_DONE, done), self._item_event("done", index, item)]
 
-    def _close_calls(self, last_status: str = "completed") -> list[bytes]:
+    def _close_calls(self, last_status: ItemStatus = "completed") -> list[bytes]:
         """Close open calls in output order; ``last_status`` applies to the last item."""
         frames: list[bytes] = []
-        keys = sorted(self._calls, key=lambda k: self._index(self._calls[k]))
+        keys = sorted(self._calls, key=lambda k: self._indexes[self._calls[k]["id"]])
         for n, key in enumerate(keys):
             frames += self._close_call(key, last_status if n == len(keys) - 1 else "completed")
         return frames
 
-    def _text_delta(self, text: str) -> list[bytes]:
-        frames: list[bytes] = []
-        item = self._message or self._open_message(frames)
+    def _text_delta(self, text: str) -> bytes:
+        """One token's event, the hot path: one dict, one serializer call."""
+        item = self._message
+        assert item is not None
         self._text.append(text)
-        frames.append(
-            self._event(
-                "response.output_text.delta",
-                item_id=item["id"],
-                output_index=self._index(item),
-                content_index=0,
-                delta=text,
-                logprobs=[],
-            )
-        )
-        return frames
+        event: OutputTextDeltaEvent = {
+            "type": "response.output_text.delta",
+            "sequence_number": self._next(),
+            "item_id": item["id"],
+            "output_index": self._indexes[item["id"]],
+            "content_index": 0,
+            "delta": text,
+            "logprobs": [],
+        }
+        return _frame(_TEXT_DELTA, event)
 
-    def _open_message(self, frames: list[bytes]) -> dict[str, Any]:
-        item: dict[str, Any] = {"id": _id("msg"), "type": "message", "status": "in_progress"}
-        item.update(role="assistant", content=[])
+    def _open_message(self, frames: list[bytes]) -> MessageItem:
+        """The message item and its empty part, their events added to ``frames``."""
+        item: MessageItem = {
+            "id": _id("msg"),
+            "type": "message",
+            "status": "in_progress",
+            "role": "assistant",
+            "content": [],
+        }
         self._message = item
         index, added = self._add_item(item)
-        part = {"type": "output_text", "text": "", "annotations": []}
-        frames += [added, self._part_event("added", item, index, part)]
+        part: OutputTextPart = {"type": "output_text", "text": "", "annotations": []}
+        frames += [added, self._part_event("added", item["id"], index, part)]
         return item
 
     def _part_event(
-        self, stage: str, item: dict[str, Any], index: int, part: dict[str, Any]
+        self,
+        stage: Literal["added", "done"],
+        item_id: str,
+        index: int,
+        part: OutputTextPart | ReasoningTextPart,
     ) -> bytes:
-        return self._event(
-            f"response.content_part.{stage}",
-            item_id=item["id"],
-            output_index=index,
-            content_index=0,
-            part=part,
-        )
+        event: ContentPartEvent = {
+            "type": "response.content_part.added"
+            if stage == "added"
+            else "response.content_part.done",
+            "sequence_number": self._next(),
+            "item_id": item_id,
+            "output_index": index,
+            "content_index": 0,
+            "part": part,
+        }
+        return _frame(_PART_EVENT, event)
 
-    def _close_message(self, need_one: bool, status: str) -> list[bytes]:
+    def _close_message(self, need_one: bool, status: ItemStatus) -> list[bytes]:
         frames: list[bytes] = []
         item = self._message
         if item is None:
@@ -282,27 +418,38 @@ class ResponseBuilder:
             item = self._open_message(frames)
         if item["status"] != "in_progress":
             return frames
-        index, text = self._index(item), "".join(self._text)
+        item_id, index, text = item["id"], self._indexes[item["id"]], "".join(self._text)
         annotations = self._annotations(text)
-        ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
         for n, annotation in enumerate(annotations):
-            frames.append(
-                self._event(
-                    "response.output_text.annotation.added",
-                    **ids,
-                    annotation_index=n,
-                    annotation=annotation,
-                )
-            )
-        part = {"type": "output_text", "text": text, "annotations": annotations}
-        item.update(status=status, content=[part])
+            added: AnnotationAddedEvent = {
+                "type": "response.output_text.annotation.added",
+                "sequence_number": self._next(),
+                "item_id": item_id,
+                "output_index": index,
+                "content_index": 0,
+                "annotation_index": n,
+                "annotation": annotation,
+            }
+            frames.append(_frame(_ANNOTATION, added))
+        part: OutputTextPart = {"type": "output_text", "text": text, "annotations": annotations}
+        item["status"] = status
+        item["content"] = [part]
         self.response["output_text"] = text
-        frames.append(self._event("response.output_text.done", **ids, text=text, logprobs=[]))
-        frames.append(self._part_event("done", item, index, part))
-        frames.append(self._event("response.output_item.done", output_index=index, item=item))
+        done: OutputTextDoneEvent = {
+            "type": "response.output_text.done",
+            "sequence_number": self._next(),
+            "item_id": item_id,
+            "output_index": index,
+            "content_index": 0,
+            "text": text,
+            "logprobs": [],
+        }
+        frames.append(_frame(_TEXT_DONE, done))
+        frames.append(self._part_event("done", item_id, index, part))
+        frames.append(self._item_event("done", index, item))
         return frames
 
-    def _annotations(self, text: str) -> list[dict[str, Any]]:
+    def _annotations(self, text: str) -> list[UrlCitation]:
         if self.sources is None:
             return []
         return [c.for_responses() for c in self.sources.citations(text)]
@@ -313,7 +460,7 @@ class ResponseBuilder:
         """Close what is open; ``cut``: the output stopped early, so the last item (the
         message, else the last function call) is ``incomplete`` (Open Responses: an
         incomplete item is the last one of an incomplete response)."""
-        status = "incomplete" if cut else "completed"
+        status: ItemStatus = "incomplete" if cut else "completed"
         has_calls = any(o["type"] == "function_call" for o in self.response["output"])
         frames = self._close_reasoning()
         need_one = need_message and not has_calls
@@ -330,7 +477,10 @@ class ResponseBuilder:
         return frames + self._terminal("completed")
 
     def failed(self, err: GatewayError, partial: GenerationDone) -> list[bytes]:
-        """After the response started: partial text is incomplete, none is failed."""
+        """After the response started: partial text is incomplete, none is failed. After
+        the terminal event nothing changes: the Response already stated its end."""
+        if self.terminal:
+            return []
         produced_text = bool("".join(self._text))
         frames = self._close_all(need_message=False, cut=produced_text)
         self.response["usage"] = response_usage(partial)
@@ -339,11 +489,13 @@ class ResponseBuilder:
         self.response["error"] = {"code": err.code or "upstream_error", "message": err.message}
         return frames + self._terminal("failed")
 
-    def _terminal(self, status: str, incomplete: dict[str, Any] | None = None) -> list[bytes]:
+    def _terminal(
+        self, status: Terminal, incomplete: IncompleteDetails | None = None
+    ) -> list[bytes]:
         if self.terminal:
             return []
         self.terminal = True
         self.response["status"] = status
         self.response["incomplete_details"] = incomplete
         self.response["completed_at"] = int(time.time())
-        return [self._event(f"response.{status}", response=self._snapshot())]
+        return [self._response_event(_TERMINAL_EVENT[status])]

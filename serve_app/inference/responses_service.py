@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 
 from serve_app.auth.principal import Principal
 from serve_app.catalog.catalog import residency_routing
@@ -86,11 +86,11 @@ class _ResponsesRun:
             self._frames_for, opening=self.builder.created(), on_failure=self._failed
         )
 
-    async def body(self) -> dict[str, Any]:
+    async def body(self) -> bytes:
         failure = await self.stream.drain(self._frames_for, keep_failure=True)
         if failure is not None:
             self._failed(failure)
-        return self.builder.response
+        return self.builder.body()
 
 
 class ResponsesService:
@@ -152,7 +152,7 @@ class ResponsesService:
             ignored.append("parallel_tool_calls")  # every call the model makes is returned
         headers = answer_headers(ignored, model)
         if not body.stream:
-            return JSONResponse(await run.body(), headers=headers)
+            return Response(await run.body(), media_type="application/json", headers=headers)
         return sse_response(run.stream, run.frames(), headers)
 
     def _resolve(self, model_id: str, principal: Principal) -> CatalogModel:

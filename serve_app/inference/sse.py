@@ -1,9 +1,10 @@
 """Server-sent events framing: ``data:`` lines, named events, the error event, ``[DONE]``.
 
 The chat and completions chunks are serialized by their protocol types
-(``serve_app.inference.assemble``) and framed with ``sse_frame``; the responses
-route's named events and the error envelope are plain dicts (``sse_event``,
-``sse_error``). A failure after the first byte is never a silent cut: it is
+(``serve_app.inference.assemble``) and framed with ``sse_frame``; so are the
+responses route's named events (``serve_app.inference.responses_render``, which
+writes their ``event:`` line). The error envelope is a plain dict (``sse_error``).
+A failure after the first byte is never a silent cut: it is
 ``data: {"error": {...}}`` (then ``data: [DONE]`` on the chat routes).
 """
 
@@ -25,11 +26,6 @@ def sse_frame(payload: bytes) -> bytes:
 
 def sse_data(payload: dict[str, Any]) -> bytes:
     return sse_frame(json.dumps(payload, separators=(",", ":")).encode())
-
-
-def sse_event(event: str, payload: dict[str, Any]) -> bytes:
-    """A named event (responses route): ``event:`` line then ``data:`` line."""
-    return f"event: {event}\n".encode() + sse_data(payload)
 
 
 def sse_error(err: GatewayError) -> bytes:

@@ -8,14 +8,14 @@ from fastapi import APIRouter
 
 from serve_app.ingress.deps import InferenceCaller, State
 from serve_app.ingress.openapi import ERROR_RESPONSES
-from serve_app.protocol.responses import ResponseObject, ResponsesRequest
+from serve_app.protocol.responses import ResponseResource, ResponsesRequest
 
 router = APIRouter(prefix="/v1", tags=["responses"])
 
 
 @router.post(
     "/responses",
-    response_model=ResponseObject,
+    response_model=ResponseResource,
     responses={**ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}},
     summary="Create a response (stateless; JSON, or named server-sent events with stream=true)",
 )

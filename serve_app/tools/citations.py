@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from serve_app.protocol.responses import UrlCitation
+
 _MARKER = re.compile(r"\[(\d{1,3}(?:\s*,\s*\d{1,3})*)\]")
 
 
@@ -31,7 +33,7 @@ class Citation:
     start_index: int
     end_index: int
 
-    def for_responses(self) -> dict[str, Any]:
+    def for_responses(self) -> UrlCitation:
         return {
             "type": "url_citation",
             "url": self.source.url,

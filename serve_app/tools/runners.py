@@ -16,10 +16,11 @@ import math
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from serve_app.contract.sandbox import CodeRun, SandboxUnavailableError
 from serve_app.contract.text import ToolCallDelta
+from serve_app.protocol.responses import ServerToolCallItem, ServerToolItemType
 from serve_app.tools.citations import SourceList
 from serve_app.tools.config import ToolsOptions
 from serve_app.tools.declarations import CODE_SECONDS_PER_REQUEST, ServerToolPlan
@@ -49,10 +50,10 @@ class ToolCallRecord:
     error: str | None = None
     logs: str | None = None  # code_interpreter output (what it printed)
 
-    def item(self) -> dict[str, Any]:
-        item: dict[str, Any] = {
+    def item(self) -> ServerToolCallItem:
+        item: ServerToolCallItem = {
             "id": self.id,
-            "type": f"{self.kind}_call",
+            "type": cast(ServerToolItemType, f"{self.kind}_call"),
             "status": self.status,
             "action": self.action,
         }
