@@ -359,6 +359,13 @@ def _prepare_smolvlm_tiny(target_dir: Path | None = None) -> Path:
     return prepare_smolvlm_tiny(target_dir)
 
 
+def _prepare_qwen3_tiny(target_dir: Path | None = None) -> Path:
+    """The demo reasoning model, Qwen2.5-Coder's tokenizer made Qwen3's (imported late too)."""
+    from deployments.engines.tiny_reasoning_model import prepare_qwen3_tiny
+
+    return prepare_qwen3_tiny(target_dir)
+
+
 def _packaged_preparer(recipe: PackagedGguf) -> Callable[[Path | None], Path]:
     return lambda target_dir: prepare_packaged(recipe, target_dir)
 
@@ -366,6 +373,7 @@ def _packaged_preparer(recipe: PackagedGguf) -> Callable[[Path | None], Path]:
 PREPARABLE_MODELS: dict[str, Callable[[Path | None], Path]] = {
     **{name: _packaged_preparer(recipe) for name, recipe in RECIPES.items()},
     "smolvlm-tiny": _prepare_smolvlm_tiny,
+    "qwen3-tiny": _prepare_qwen3_tiny,
 }
 """Model names that ``ensure_model`` (and ``prepared:<name>`` references) can build locally."""
 

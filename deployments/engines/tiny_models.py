@@ -2,9 +2,11 @@
 
 ``tiny:<kind>`` in an engine config names ``<models_dir>/tiny-<kind>``, built on
 first use by one builder per kind (``tiny_document_models``,
-``tiny_video_model``). Builds are atomic and locked
-(``model_prep.build_atomically``) and skipped when a finished build of the same
-recipe version is there, so replicas starting together build once.
+``tiny_video_model``); ``tiny_reasoning_model`` builds ``prepared:qwen3-tiny`` the
+same way. Builds are atomic and locked (``model_prep.build_atomically``) and skipped
+when a finished build of the same recipe version (and of the same sources, for a
+model built from another prepared one) is there, so replicas starting together
+build once.
 """
 
 from __future__ import annotations
@@ -49,9 +51,19 @@ def resolve_tiny_model(
     return str(ensure_tiny_model(kind, target, builders[kind], recipe))
 
 
-def ensure_tiny_model(kind: str, target: Path, builder: Builder, recipe: str) -> Path:
-    """Build ``kind`` into ``target`` with ``builder`` unless recipe ``recipe`` is there."""
-    marker = {"tiny": kind, "recipe": recipe}
+def ensure_tiny_model(
+    kind: str,
+    target: Path,
+    builder: Builder,
+    recipe: str,
+    sources: Mapping[str, str] | None = None,
+) -> Path:
+    """Build ``kind`` into ``target`` with ``builder`` unless recipe ``recipe`` is there.
+
+    ``sources`` names what the build reads besides its recipe (e.g. a prepared model's
+    package versions): recorded in the marker, so a change there rebuilds too.
+    """
+    marker = {"tiny": kind, "recipe": recipe, **(sources or {})}
     if is_prepared(target, marker):
         return target
     with _exclusive(target.with_name(f".{target.name}.lock")):

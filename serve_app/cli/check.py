@@ -423,7 +423,7 @@ def _check_prepared(subject: str, name: str, settings: GatewaySettings) -> Probl
         return None
     recipe = RECIPES.get(name)
     if recipe is None:
-        return None  # built from another prepared model (smolvlm-tiny); ensure_model decides
+        return None  # built from other prepared models (smolvlm-tiny, qwen3-tiny): ensure_model
     try:
         locate(recipe)
     except RuntimeError as exc:

@@ -79,9 +79,11 @@ def test_prepare_exports_key_and_url_but_keeps_what_the_caller_set(
 def test_the_local_config_declares_the_loopback_model() -> None:
     config = load_serve_config("configs/local.yaml")
     assert uses_loopback_provider(config)
-    # The external entry adds none; the vision demo is built on SmolLM2 at first start.
+    # The external entry adds none; the vision demo is built on SmolLM2 at first start,
+    # the reasoning demo with Qwen2.5-Coder's tokenizer.
     assert sorted(prepared_models(config)) == [
         "qwen2.5-coder-0.5b-instruct",
+        "qwen3-tiny",
         "smollm2-135m-instruct",
         "smolvlm-tiny",
     ]

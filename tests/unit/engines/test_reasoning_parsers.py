@@ -1,6 +1,7 @@
 """vLLM's reasoning parsers, as the chat heads compose them, on outputs in each model's format.
 
-No small model with a separate reasoning channel runs here, so the outputs in
+The one reasoning model that runs here, the random-weight Qwen3 demo
+(test_tiny_reasoning_model.py), never closes its think block, so the outputs in
 ``tests/fixtures/reasoning/outputs.json`` are written in the documented formats (the
 file says where each comes from) and turned into the token ids a model would emit:
 
@@ -49,30 +50,19 @@ WEATHER_TOOL = {
 
 @pytest.fixture(scope="module")
 def qwen3_tokenizer(qwen_coder_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Qwen3's tokenizer, rebuilt as the tiny reasoning demo model's build rebuilds it."""
     from transformers import AutoTokenizer
 
+    from deployments.engines.tiny_reasoning_model import write_qwen3_tokenizer
+
     folder = tmp_path_factory.mktemp("qwen3-tokenizer")
-    for name in ("tokenizer_config.json", "chat_template.jinja"):
-        (folder / name).write_text((qwen_coder_dir / name).read_text())
-    spec = json.loads((qwen_coder_dir / "tokenizer.json").read_text())
-    vocab = spec["model"]["vocab"]
-    for token_id, token in QWEN3_ADDED.items():
-        assert vocab.pop(f"[PAD{token_id}]") == token_id
-        vocab[token] = token_id
-        spec["added_tokens"].append(
-            {
-                "id": token_id,
-                "content": token,
-                "single_word": False,
-                "lstrip": False,
-                "rstrip": False,
-                "normalized": False,
-                "special": False,
-            }
-        )
-    (folder / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
+    write_qwen3_tokenizer(qwen_coder_dir, folder)
+    (folder / "chat_template.jinja").write_text(
+        (qwen_coder_dir / "chat_template.jinja").read_text()
+    )
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     assert tokenizer.convert_tokens_to_ids(["<think>", "</think>"]) == [151667, 151668]
+    assert {tokenizer.convert_ids_to_tokens(i) for i in QWEN3_ADDED} == set(QWEN3_ADDED.values())
     return tokenizer
 
 
