@@ -69,7 +69,7 @@ def register(subparsers: _SubParsers) -> None:
         "--num-cpus",
         type=int,
         default=None,
-        help="logical CPUs Ray may schedule (default: max(4, 2 x cores))",
+        help="logical CPUs Ray may schedule (default: max(8, 4 x cores))",
     )
     run.add_argument("--dashboard-port", type=int, default=8265, help="Ray dashboard port")
     run.add_argument(
@@ -221,12 +221,18 @@ def _step(message: str) -> None:
     print(f"==> {message}", file=sys.stderr, flush=True)
 
 
+def default_num_cpus(cores: int) -> int:
+    """Logical CPUs ``gateway run`` gives Ray: heads and the ingress reserve fractions of
+    them, and on a 2-core box the real count would leave replicas pending forever. The
+    local catalog alone reserves ~4; the rest is room for dedicated endpoints (0.25 each
+    on the CPU default), which would otherwise wait in DEPLOYING without an error."""
+    return max(8, 4 * cores)
+
+
 def _start_ray(args: argparse.Namespace) -> None:
     import ray
 
-    # Logical CPUs: heads and the ingress reserve fractions of them, and on a
-    # 2-core box the real count would leave replicas pending forever.
-    cpus = int(args.num_cpus or max(4, 2 * (os.cpu_count() or 2)))
+    cpus = int(args.num_cpus or default_num_cpus(os.cpu_count() or 2))
     for name, value in RAY_ENV_DEFAULTS.items():
         os.environ.setdefault(name, value)  # before ray.init: Ray's processes inherit it
     _step(f"starting Ray (num_cpus={cpus}; local instance, GCS on a free port)")

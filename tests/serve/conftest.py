@@ -206,7 +206,7 @@ def serve_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeStack
     for name in (LOOPBACK_KEY_ENV, LOOPBACK_URL_ENV):
         os.environ.pop(name, None)
     prepare_loopback_provider(GatewaySettings(), "127.0.0.1", port)
-    ray.init(num_cpus=4, resources=CAPACITY_RESOURCES, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=8, resources=CAPACITY_RESOURCES, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     app = build_gateway_app(
         {"catalog": _catalog(), "timeouts": {"first_event_s": 90}, "dedicated": DEDICATED_ARGS}

@@ -333,3 +333,25 @@ def test_tool_runners_land_on_cpu_nodes_that_install_the_sandbox() -> None:
         assert "--device /dev/net/tun" in node["docker"]["worker_run_options"], name
     setup = " ".join(cluster["setup_commands"])
     assert "bubblewrap" in setup and "slirp4netns" in setup
+
+
+def test_local_catalog_leaves_room_for_a_dedicated_endpoint_under_gateway_run() -> None:
+    """A replica asking for more logical CPUs than are left waits in DEPLOYING without an
+    error, so the embedded default must fit its whole catalog *and* a dedicated endpoint
+    (the dedicated API's promise on `make run`) in what `gateway run` gives Ray."""
+    from serve_app.cli.serve import default_num_cpus
+
+    (app,) = _gateway_apps(CONFIGS / "local.yaml")
+    config = GatewayAppArgs.model_validate(app["args"])
+
+    def cpus(options: dict[str, Any] | None) -> float:
+        return float((options or {}).get("num_cpus", 1))
+
+    reserved = cpus(config.ingress.ray_actor_options) + cpus(config.tool_runner.ray_actor_options)
+    reserved += sum(
+        cpus(m.deployment.ray_actor_options) for m in config.catalog if not m.is_external
+    )
+    endpoint = max(
+        cpus(m.ray_actor_options) for m in config.dedicated.models.values() if m.ray_actor_options
+    )
+    assert reserved + endpoint <= default_num_cpus(2), (reserved, endpoint)
