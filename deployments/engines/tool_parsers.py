@@ -1,7 +1,8 @@
 """A vLLM tool parser for models that write hermes-style calls bare, fenced or tagged.
 
-Qwen2.5-Coder-0.5B-Instruct (the embedded default's tool-calling model) decides
-well when to call a tool, and its chat template asks for
+Qwen2.5-Coder-Instruct (the embedded default's tool-calling model is the 1.5B; the
+recorded fixtures are the 0.5B's, which writes the same forms) decides well when to
+call a tool, and its chat template asks for
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, but the model
 mostly writes the JSON object bare, or inside a Markdown ```json fence, sometimes
 several in a row; vLLM's ``hermes`` parser only looks inside the tags, and

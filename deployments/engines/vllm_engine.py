@@ -28,7 +28,7 @@ from typing import Any
 
 from deployments.engines.base import EngineEvent, EngineInfo, PreparedPrompt, TextEngine
 from deployments.engines.model_prep import resolve_model_reference
-from deployments.engines.vllm_config import VLLMEngineConfig
+from deployments.engines.vllm_config import VLLMEngineConfig, is_template_path, template_path
 from deployments.engines.vllm_openai import (
     Rendered,
     error_from_response,
@@ -425,12 +425,14 @@ def _stat_loggers() -> list[Any] | None:
 
 
 def _load_chat_template(template: str | None) -> str | None:
-    """A template file's text, or the inline template as given (vLLM's own rule)."""
+    """A template file's text (relative paths from the repository root), or vLLM's rule."""
     if template is None:
         return None
     from vllm.renderers.chat_utils import load_chat_template
 
-    return load_chat_template(template)
+    if is_template_path(template) and (path := template_path(template)).is_file():
+        return load_chat_template(path)
+    return load_chat_template(template)  # inline Jinja, or one of vLLM's bundled templates
 
 
 def _validated(request_cls: Any, body: dict[str, Any]) -> Any:

@@ -95,7 +95,7 @@ def _catalog() -> list[dict[str, object]]:
 LOOPBACK = "loopback/smollm2-135m-instruct"
 
 
-QWEN = "qwen2.5-coder-0.5b-instruct"
+QWEN = "qwen2.5-coder-1.5b-instruct"
 VISION = "smolvlm-tiny-demo"
 REASONING = "qwen3-tiny-reasoning-demo"
 
@@ -183,7 +183,7 @@ def serve_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeStack
     from serve_app.builders import build_gateway_app
 
     models = ensure_model(SMOLLM).parent
-    for name in ("qwen2.5-coder-0.5b-instruct", "smolvlm-tiny", "qwen3-tiny"):
+    for name in (QWEN, "smolvlm-tiny", "qwen3-tiny"):
         ensure_model(name, models / name)  # prepared here, with progress, not inside a head
     # Heads resolve prepared models in this cache, not in the test's state folder
     # (else every session converts SmolLM2 again inside the head, ~35 s).

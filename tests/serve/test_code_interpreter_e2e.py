@@ -3,10 +3,9 @@
 The server-tool loop on `make run`'s tool-calling model: the call is forced
 (``tool_choice`` required or naming the tool, met by the first turn, docs/api.md), the
 tool-runner deployment runs the program in bubblewrap, its output goes back to the
-model, and the model answers (``max_uses: 1``: the second turn is offered no tool). What
-the 0.5B model writes is not asserted: its program may fail (a traceback is fed back like
-any output), and after a tool result it mostly writes another call as text instead of an
-answer. The facts are:
+model, and the model answers (``max_uses: 1``: the second turn is offered no tool). At temperature 0
+the 1.5B model writes ``print(17 * 23)`` and answers from its output, so the answer
+must hold 391 (the 0.5B wrote another call as text instead). The facts are:
 
 - responses: the ``code_interpreter_call`` item carries the model's program and, as
   ``outputs``, exactly what that program prints when run in the sandbox again;
@@ -118,6 +117,7 @@ def test_responses_code_interpreter_runs_the_models_code(
     (output,) = call["outputs"]
     assert output["type"] == "logs"
     assert output["logs"] == rerun_in_sandbox(code)
+    assert "391" in output["logs"] and "391" in response.output_text, response.output_text
 
     usage = response.usage
     assert usage is not None
@@ -188,6 +188,7 @@ def test_streamed_chat_code_interpreter_round(
     assert done == {"status": "done", "searches": 0, "price_per_search": 0.0}
     assert annotations == [[]]  # no web tool: the final content chunk's list is empty
     assert finish in ("stop", "length")  # never tool_calls: the client has nothing to run
+    assert "391" in text, text  # answered from the program's output
     assert len(ids) == 1
     assert usage is not None
     assert usage.prompt_tokens >= chat_first_pass + tokens(ASK) + 1  # both passes' prompts

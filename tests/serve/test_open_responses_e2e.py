@@ -4,7 +4,7 @@ The compliance tester's cases (basic, streamed, system prompt, multi-turn, tool 
 streamed tool calling, image input) and the truncated one, each body and each stream
 event validated in strict JSON mode with the ``openresponses-types`` models
 (tests/fixtures/open_responses.py, the checker the scripted-engine tests use). Text
-runs on SmolLM2-135M (fast), tools on Qwen2.5-Coder-0.5B with its ``lenient_json``
+runs on SmolLM2-135M (fast), tools on Qwen2.5-Coder-1.5B with its ``lenient_json``
 parser, images on the SmolVLM-architecture demo. Outputs are capped small: the tester's
 "completed" holds where the model ends its answer under the cap, and every other
 status must be the truthful ``incomplete`` of a cut answer.
@@ -194,7 +194,7 @@ def test_tool_call(serve_stack: ServeStack, check: Conformance) -> None:
         model=QWEN,
         input=ASK_WEATHER,
         tools=[WEATHER],
-        tool_choice="required",  # the 0.5B model is forced: the case is the shape, not its choice
+        tool_choice="required",  # forced: the case is the shape, not the model's choice
         max_output_tokens=40,
         temperature=0,
     )

@@ -80,9 +80,9 @@ def test_the_local_config_declares_the_loopback_model() -> None:
     config = load_serve_config("configs/local.yaml")
     assert uses_loopback_provider(config)
     # The external entry adds none; the vision demo is built on SmolLM2 at first start,
-    # the reasoning demo with Qwen2.5-Coder's tokenizer.
+    # the reasoning demo with Qwen2.5-Coder-0.5B's tokenizer (prepared with it).
     assert sorted(prepared_models(config)) == [
-        "qwen2.5-coder-0.5b-instruct",
+        "qwen2.5-coder-1.5b-instruct",
         "qwen3-tiny",
         "smollm2-135m-instruct",
         "smolvlm-tiny",

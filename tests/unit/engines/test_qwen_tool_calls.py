@@ -1,9 +1,10 @@
 """Tool calls on the real engine: the catalog's Qwen2.5-Coder entry, as configured.
 
 The engine is built from ``configs/catalog/local.yaml``'s own engine config (bf16,
-``lenient_json`` loaded through ``tool_parser_plugin``), so this checks that the
-plugin reaches vLLM's chat serving and that the calls the model writes come back as
-OpenAI tool calls, streamed and whole. Greedy and short: one engine per module.
+the catalog's chat template, ``lenient_json`` loaded through ``tool_parser_plugin``), so
+this checks that the plugin reaches vLLM's chat serving, that the calls the model writes
+come back as OpenAI tool calls, streamed and whole, and that a tool result sent back is
+answered in prose from that result. Greedy and short: one engine per module.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ pytest.importorskip("vllm")
 pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="module")]
 
 CATALOG = Path(__file__).parents[3] / "configs/catalog/local.yaml"
-MODEL_ID = "qwen2.5-coder-0.5b-instruct"
+MODEL_ID = "qwen2.5-coder-1.5b-instruct"
 WEATHER = {
     "type": "function",
     "function": {
@@ -53,12 +54,12 @@ def catalog_engine_config() -> dict[str, Any]:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def engine(qwen_coder_dir: Path) -> AsyncIterator[VLLMEngine]:
+async def engine(qwen_tool_model_dir: Path) -> AsyncIterator[VLLMEngine]:
     config = catalog_engine_config()
     assert config["model"] == f"prepared:{MODEL_ID}"
     built = build_text_engine("vllm", config)
     assert isinstance(built, VLLMEngine)
-    assert Path(built.config.model).samefile(qwen_coder_dir)
+    assert Path(built.config.model).samefile(qwen_tool_model_dir)
     await built.start()
     yield built
     await built.shutdown()
@@ -103,10 +104,35 @@ async def test_auto_tool_choice_returns_the_call(engine: VLLMEngine, stream: boo
         assert sum(bool(c.arguments) for d in deltas for c in d.tool_calls) >= 2
 
 
-async def test_small_talk_with_tools_offered_is_prose(engine: VLLMEngine) -> None:
-    deltas = await run(engine, [{"role": "user", "content": "Hi! How are you today?"}], True)
+async def test_a_question_no_tool_answers_is_prose(engine: VLLMEngine) -> None:
+    # Not small talk: with tools offered this model answers "Hi! How are you today?" with a
+    # get_weather call (docs/models.md, "Tool model"); the 0.5B answered it in prose.
+    ask = [{"role": "user", "content": "What is the capital of France?"}]
+    deltas = await run(engine, ask, True)
     assert not assembled_calls(deltas)
-    assert "".join(d.text for d in deltas).startswith("Hello")
+    assert "Paris" in "".join(d.text for d in deltas)
+    assert deltas[-1].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_tool_result_is_answered_in_prose_from_the_result(
+    engine: VLLMEngine, stream: bool
+) -> None:
+    arguments = json.dumps({"city": "Paris"})
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": arguments},
+    }
+    follow_up = [
+        *ASK_WEATHER,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature_c": 21}'},
+    ]
+    deltas = await run(engine, follow_up, stream)
+    assert not assembled_calls(deltas)
+    text = "".join(d.text for d in deltas)
+    assert "21" in text and "{" not in text, text
     assert deltas[-1].finish_reason == "stop"
 
 
