@@ -1,10 +1,12 @@
 """``gateway run`` and ``gateway prepare-model``: the embedded default, in the foreground.
 
-``run`` is what ``make run`` calls: prepare the packaged models the config
-names, start a local Ray instance (its own GCS port, never Redis's 6379), serve
-every application of the Serve config, and stop Serve and Ray cleanly on
-Ctrl-C or SIGTERM. ``serve run``/``serve deploy`` remain the ops path on a
-cluster; this command adds the set-up steps a fresh machine needs.
+``run`` is what ``make run`` calls: prepare the first chat head's packaged
+model (the other models the config names are prepared in the background while
+their heads warm, so the first answer never waits for all of them), start a
+local Ray instance (its own GCS port, never Redis's 6379), serve every
+application of the Serve config, and stop Serve and Ray cleanly on Ctrl-C or
+SIGTERM. ``serve run``/``serve deploy`` remain the ops path on a cluster; this
+command adds the set-up steps a fresh machine needs.
 """
 
 from __future__ import annotations
@@ -141,6 +143,42 @@ def prepared_models(serve_config: dict[str, Any]) -> list[str]:
     return sorted(names)
 
 
+def first_answer_model(serve_config: dict[str, Any]) -> str | None:
+    """The prepared model of the config's first chat head: the one ``gateway run``
+    prepares before anything starts, so a new user's first answer waits for it alone."""
+    for model in _catalog_models(serve_config):
+        ref = str(model.engine.config.get("model", ""))
+        if model.head == "chat" and ref.startswith(PREPARED_PREFIX) and not model.is_external:
+            return ref[len(PREPARED_PREFIX) :]
+    return None
+
+
+def _prepare_in_background(names: list[str], models_dir: Path) -> threading.Thread:
+    """Prepare ``names`` one by one beside Ray's start, with progress on stderr.
+
+    Their heads are deployed meanwhile; a head whose folder is not ready waits on the
+    same per-model file lock inside its replica (``model_prep``), so nothing is built
+    twice, and until it is up the gateway answers its model 503 ``model_warming`` with
+    ``Retry-After``.
+    """
+
+    def run() -> None:
+        from deployments.engines.model_prep import ensure_model
+
+        for name in names:
+            _step(f"preparing model {name} in the background (503 model_warming until ready)")
+            try:
+                ensure_model(name, models_dir / name)
+            except Exception as exc:  # the head retries it and reports its own failure
+                _step(f"could not prepare {name}: {exc}")
+                continue
+            _step(f"model {name} prepared")
+
+    thread = threading.Thread(target=run, name="prepare-models", daemon=True)
+    thread.start()
+    return thread
+
+
 def tiny_video_models(serve_config: dict[str, Any]) -> list[tuple[str, str | None]]:
     """``(model, models_dir)`` of the video heads that load a locally built ``tiny:`` model."""
     found: set[tuple[str, str | None]] = set()
@@ -166,17 +204,20 @@ def _run(args: argparse.Namespace, settings: GatewaySettings) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     if not args.skip_check:
         _preflight(serve_config, settings, args.config)
-    for name in prepared_models(serve_config):
-        _step(f"preparing model {name}")
+    models_dir = settings.resolved_models_dir()
+    first = first_answer_model(serve_config)
+    if first is not None:
+        _step(f"preparing model {first} (the first chat head; the others follow in the background)")
         from deployments.engines.model_prep import ensure_model
 
-        ensure_model(name, settings.resolved_models_dir() / name)
-    for ref, models_dir in tiny_video_models(serve_config):
+        ensure_model(first, models_dir / first)
+    later = [name for name in prepared_models(serve_config) if name != first]
+    for ref, video_dir in tiny_video_models(serve_config):
         # Built here, in the foreground, so its progress shows (a head would build it silently).
         _step(f"preparing video model {ref}")
         from deployments.engines.tiny_video_model import resolve_tiny_video
 
-        resolve_tiny_video(ref, Path(models_dir) if models_dir else settings.resolved_models_dir())
+        resolve_tiny_video(ref, Path(video_dir) if video_dir else models_dir)
     _step(f"database: {settings.resolved_database_url().split('@')[-1]}")
     from serve_app.storage.db import Database
 
@@ -186,6 +227,8 @@ def _run(args: argparse.Namespace, settings: GatewaySettings) -> int:
         _step(f"external stand-in: {loopback.LOOPBACK_ACCOUNT} on this gateway's own /v1")
         loopback.prepare_loopback_provider(settings, args.host, args.port)
     stop = threading.Event()
+    if later:
+        _prepare_in_background(later, models_dir)
     _start_ray(args)
     # After ray.init: Ray installs a native SIGTERM handler that aborts the
     # process; ours replaces it so SIGTERM, like Ctrl-C, shuts down cleanly.
@@ -218,7 +261,8 @@ def _preflight(serve_config: dict[str, Any], settings: GatewaySettings, name: st
 
 
 def _step(message: str) -> None:
-    print(f"==> {message}", file=sys.stderr, flush=True)
+    sys.stderr.write(f"==> {message}\n")  # one write: the background preparer prints too
+    sys.stderr.flush()
 
 
 def default_num_cpus(cores: int) -> int:
