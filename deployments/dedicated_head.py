@@ -24,6 +24,7 @@ from deployments.chat_head import ChatHeadCore
 from deployments.replica_logging import configure_replica_logging
 from deployments.stream_batching import coalesce
 from serve_app.contract.dedicated import ReplicaStats, ServedBy
+from serve_app.contract.errors import NotFoundError
 from serve_app.contract.text import GenerationDone, HeadEvent, HeadRequest
 
 logger = logging.getLogger(__name__)
@@ -91,6 +92,22 @@ class DedicatedHead:
     def record_autoscaling_stats(self) -> dict[str, float]:
         _, waiting = queue_split(self.in_flight, self.max_num_seqs)
         return {"engine_waiting": float(waiting or 0)}
+
+    async def __call__(self, request: Any) -> Any:
+        """HTTP sent to this replica itself: a 404 envelope, never a model call.
+
+        Under direct ingress (``gateway run``'s default) Serve gives every
+        application's ingress replica an HTTP port, this one included. The
+        endpoint is only ever reached through the gateway (keys, limits,
+        metering), by its alias on ``/v1``.
+        """
+        from starlette.responses import JSONResponse
+
+        err = NotFoundError(
+            "Dedicated endpoints are served through the gateway's /v1 by their alias "
+            "(model: ded/<slug>), not on this port."
+        )
+        return JSONResponse(err.envelope(), status_code=err.status_code)
 
     async def check_health(self) -> None:
         await self.core.engine.check_health()

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from serve_app.catalog.config import CatalogModel
-from serve_app.cli import CommandError, loopback
+from serve_app.cli import CommandError, ingress, loopback
 from serve_app.config import REPO_ROOT, GatewayAppArgs
 from serve_app.settings import GatewaySettings
 
@@ -49,6 +49,8 @@ RAY_ENV_DEFAULTS = {
     "RAY_SERVE_PROXY_USE_GRPC": "1",
 }
 """Environment ``gateway run`` gives Ray (and so every replica) unless already set."""
+DIRECT_LISTEN_TIMEOUT_S = 120.0
+"""How long the deployed gateway replica may take to answer on --port (direct ingress)."""
 logger = logging.getLogger(__name__)
 
 
@@ -67,6 +69,14 @@ def register(subparsers: _SubParsers) -> None:
         help="HTTP port (default: $GATEWAY_PORT or 8000)",
     )
     run.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
+    run.add_argument(
+        "--ingress",
+        choices=ingress.MODES,
+        default=os.environ.get("GATEWAY_INGRESS", "direct"),
+        help="direct (default; $GATEWAY_INGRESS): the gateway replica serves --port itself, "
+        "one process hop less per request and per streamed message; proxy: Ray Serve's "
+        "HTTP proxy serves --port (use it for several gateway replicas on one node)",
+    )
     run.add_argument(
         "--num-cpus",
         type=int,
@@ -198,6 +208,10 @@ def uses_loopback_provider(serve_config: dict[str, Any]) -> bool:
 
 
 def _run(args: argparse.Namespace, settings: GatewaySettings) -> int:
+    if args.ingress not in ingress.MODES:  # argparse checks choices, not a default from the env
+        raise CommandError(
+            f"GATEWAY_INGRESS must be one of {', '.join(ingress.MODES)}, not {args.ingress!r}"
+        )
     _progress_logging()
     serve_config = load_serve_config(args.config)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -226,6 +240,7 @@ def _run(args: argparse.Namespace, settings: GatewaySettings) -> int:
         # Before Ray starts: replicas inherit the key and URL from this process.
         _step(f"external stand-in: {loopback.LOOPBACK_ACCOUNT} on this gateway's own /v1")
         loopback.prepare_loopback_provider(settings, args.host, args.port)
+    ingress.check_port_free(args.host, args.port)
     stop = threading.Event()
     if later:
         _prepare_in_background(later, models_dir)
@@ -236,6 +251,8 @@ def _run(args: argparse.Namespace, settings: GatewaySettings) -> int:
         signal.signal(sig, lambda *_: stop.set())
     try:
         _deploy(serve_config, args)
+        if args.ingress == "direct":
+            ingress.wait_listening(args.host, args.port, DIRECT_LISTEN_TIMEOUT_S)
         _step(f"gateway ready on http://{args.host}:{args.port}/v1 (Ctrl-C stops)")
         if args.dashboard:
             _step(f"Ray dashboard on http://127.0.0.1:{args.dashboard_port}")
@@ -277,9 +294,12 @@ def _start_ray(args: argparse.Namespace) -> None:
     import ray
 
     cpus = int(args.num_cpus or default_num_cpus(os.cpu_count() or 2))
-    for name, value in RAY_ENV_DEFAULTS.items():
+    for name, value in {**RAY_ENV_DEFAULTS, **ingress.ray_env(args.ingress, args.port)}.items():
         os.environ.setdefault(name, value)  # before ray.init: Ray's processes inherit it
-    _step(f"starting Ray (num_cpus={cpus}; local instance, GCS on a free port)")
+    _step(
+        f"starting Ray (num_cpus={cpus}; local instance, GCS on a free port; "
+        f"{args.ingress} ingress)"
+    )
     ray.init(
         # Always a new instance: with no address Ray joins the last cluster `ray start`
         # left in /tmp/ray (another user's, on a shared machine).
@@ -299,7 +319,11 @@ def _deploy(serve_config: dict[str, Any], args: argparse.Namespace) -> None:
     from ray import serve
     from ray._common.utils import import_attr
 
-    serve.start(http_options={"host": args.host, "port": args.port})
+    # Direct ingress: the gateway replica takes --port, Serve's proxy a free one beside it.
+    proxy_port = ingress.free_port(args.host) if args.ingress == "direct" else args.port
+    serve.start(http_options={"host": args.host, "port": proxy_port})
+    if args.ingress == "direct":
+        _step(f"Serve's HTTP proxy on port {proxy_port} (the gateway replica serves {args.port})")
     for app in serve_config["applications"]:
         name = app.get("name", "default")
         _step(f"deploying application '{name}' (heads load their models; ~30-60 s on CPU)")

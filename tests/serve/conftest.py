@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from serve_app.auth.accounts import AccountStore
+from serve_app.cli import ingress
 from serve_app.cli.loopback import BASE_URL_ENV as LOOPBACK_URL_ENV
 from serve_app.cli.loopback import KEY_ENV as LOOPBACK_KEY_ENV
 from serve_app.cli.loopback import prepare_loopback_provider
@@ -206,16 +207,22 @@ def serve_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeStack
     for name in (LOOPBACK_KEY_ENV, LOOPBACK_URL_ENV):
         os.environ.pop(name, None)
     prepare_loopback_provider(GatewaySettings(), "127.0.0.1", port)
+    # Served as `gateway run` serves it by default: direct ingress, the gateway replica
+    # itself on `port`, Serve's proxy on another port (the two-node cluster test covers
+    # the proxy path). Set before Ray starts: Serve reads it in every process it starts.
+    direct = ingress.ray_env("direct", port)
+    os.environ.update(direct)
     ray.init(num_cpus=8, resources=CAPACITY_RESOURCES, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.start(http_options={"host": "127.0.0.1", "port": _free_port()})
     app = build_gateway_app(
         {"catalog": _catalog(), "timeouts": {"first_event_s": 90}, "dedicated": DEDICATED_ARGS}
     )
     serve.run(app, name="gateway", route_prefix="/", blocking=False)
     try:
+        ingress.wait_listening("127.0.0.1", port, 120.0)
         yield ServeStack(base_url=f"http://127.0.0.1:{port}", key=key, store=store)
     finally:
         serve.shutdown()
         ray.shutdown()
-        for name in (LOOPBACK_KEY_ENV, LOOPBACK_URL_ENV):
+        for name in (LOOPBACK_KEY_ENV, LOOPBACK_URL_ENV, *direct):
             os.environ.pop(name, None)
