@@ -218,6 +218,10 @@ def _run(args: argparse.Namespace, settings: GatewaySettings) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     if not args.skip_check:
         _preflight(serve_config, settings, args.config)
+    # In seconds, not after minutes of model preparation (the port stays unbound until
+    # Serve binds it, so another process could still take it meanwhile: rare, and then
+    # Serve, or the wait for the gateway replica below, says so).
+    ingress.check_port_free(args.host, args.port)
     models_dir = settings.resolved_models_dir()
     first = first_answer_model(serve_config)
     if first is not None:
@@ -240,7 +244,6 @@ def _run(args: argparse.Namespace, settings: GatewaySettings) -> int:
         # Before Ray starts: replicas inherit the key and URL from this process.
         _step(f"external stand-in: {loopback.LOOPBACK_ACCOUNT} on this gateway's own /v1")
         loopback.prepare_loopback_provider(settings, args.host, args.port)
-    ingress.check_port_free(args.host, args.port)
     stop = threading.Event()
     if later:
         _prepare_in_background(later, models_dir)

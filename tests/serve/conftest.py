@@ -7,7 +7,6 @@ this module-independent session fixture and keeps ``max_tokens`` small.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,12 +27,6 @@ from serve_app.storage.db import Database
 from tests.serve.dedicated_config import CAPACITY_RESOURCES, DEDICATED_ARGS, dedicated_catalog
 
 SMOLLM = "smollm2-135m-instruct"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -201,7 +194,7 @@ def serve_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeStack
     store = AccountStore(database, pepper=GatewaySettings().key_pepper)
     key = store.create_key("e2e-user", "e2e-org")
 
-    port = _free_port()
+    port = ingress.free_port("127.0.0.1")
     # As `gateway run` does: the external stand-in's key and URL, inherited by replicas
     # (this stack's own: values left by anything earlier in the session are dropped).
     for name in (LOOPBACK_KEY_ENV, LOOPBACK_URL_ENV):
@@ -213,7 +206,7 @@ def serve_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeStack
     direct = ingress.ray_env("direct", port)
     os.environ.update(direct)
     ray.init(num_cpus=8, resources=CAPACITY_RESOURCES, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": _free_port()})
+    serve.start(http_options={"host": "127.0.0.1", "port": ingress.free_port("127.0.0.1")})
     app = build_gateway_app(
         {"catalog": _catalog(), "timeouts": {"first_event_s": 90}, "dedicated": DEDICATED_ARGS}
     )
