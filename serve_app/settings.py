@@ -39,9 +39,13 @@ class GatewaySettings(BaseSettings):
         description="Redis URL for counters shared by gateway replicas; unset = in-process.",
     )
     auth_cache_seconds: float = Field(
-        default=1.0,
+        default=60.0,
         ge=0,
-        description="How long a verified key is trusted before the database is asked again.",
+        description=(
+            "How long a verified key is trusted before the database is asked again. Changes "
+            "made through the gateway or its CLI drop the cache at once on every replica "
+            "(the accounts generation); this bounds only edits made to the database by hand."
+        ),
     )
     key_pepper: str = Field(
         default="",
