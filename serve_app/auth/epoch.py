@@ -24,6 +24,7 @@ general; a replica clears its cache when any of them moved:
    time-to-first-token when every 50 ms the request itself paid it, issue 14);
    after ``POLLER_IDLE_S`` without requests the task stops, so an idle replica
    does no reads, and the next request reads inline because its value is stale.
+   (The reads cost ~0.025 of a core while they run: bench/RESULTS.md, 2026-11-26.)
 
 The cache's TTL (``auth_cache_seconds``) stays as the last resort for edits
 made to the database behind the store's back (hand-written SQL).
@@ -51,7 +52,7 @@ AUTH_EPOCH_KEY = "gateway:auth:epoch"
 """One key for every deployment sharing a Redis: a foreign bump only clears a cache."""
 
 DB_POLL_INTERVAL_S = 0.05
-POLLER_IDLE_S = 30.0
+POLLER_IDLE_S = 10.0
 
 _local_lock = threading.Lock()
 _local: dict[str, int] = {}
