@@ -25,7 +25,6 @@ from serve_app.catalog.config import CatalogModel
 from serve_app.config import GatewayAppArgs, ToolRunnerOptions
 from serve_app.ingress.deployment import Gateway
 from serve_app.jobs.store import open_worker_stores
-from serve_app.serve_loop import on_serve_loop
 from serve_app.settings import GatewaySettings, require_production_ready
 
 logger = logging.getLogger(__name__)
@@ -68,11 +67,7 @@ def head_application(
     options: dict[str, Any] = {
         "name": model.deployment_name(),
         "max_ongoing_requests": spec.max_ongoing_requests,
-        "ray_actor_options": (
-            on_serve_loop(spec.ray_actor_options)
-            if model.head == "chat"
-            else spec.ray_actor_options
-        ),
+        "ray_actor_options": spec.ray_actor_options,
         "health_check_period_s": spec.health_check_period_s,
         "health_check_timeout_s": spec.health_check_timeout_s,
     }
@@ -118,7 +113,7 @@ def build_gateway_app(args: dict[str, Any]) -> Application:
     return Gateway.options(  # type: ignore[attr-defined]
         num_replicas=ingress.num_replicas,
         max_ongoing_requests=ingress.max_ongoing_requests,
-        ray_actor_options=on_serve_loop(ingress.ray_actor_options),
+        ray_actor_options=ingress.ray_actor_options,
     ).bind(config.model_dump(mode="json"), heads, runner)
 
 

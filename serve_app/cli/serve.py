@@ -32,6 +32,20 @@ from serve_app.settings import GatewaySettings
 _SubParsers = Any
 PREPARED_PREFIX = "prepared:"
 LOCAL_CAPACITY_RESOURCES = {"capacity_reserved": 1.0, "capacity_spot": 1.0}
+SERVE_LOOP_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
+"""Replicas run their code on Ray Serve's own event loop, not a second loop in a thread.
+
+Serve's default keeps blocking user code from stalling the replica's own work (health
+checks, metrics, the direct-ingress server) at the price of a thread crossing, with a
+wake-up, for every request and every ASGI message or streamed item. Every replica here is
+async throughout: heads run torch, model loading and encoding in ``asyncio.to_thread``
+(the engine contracts say so) and vLLM's engine is its own process. Timestamps taken in
+every process on a call's way (bench/RESULTS.md, 2026-11-26) put the crossings at ~2.5 ms
+of time to first token: client -> gateway 2.8 -> 2.0 ms, gateway -> chat head 3.0 -> 2.6,
+first token back 1.6 -> 1.0, gateway -> client 1.7 -> 1.0. Set for the whole Ray instance,
+not per deployment: a deployment-level runtime_env keeps replicas off Ray's pre-started
+workers, and the extra worker processes pushed the full e2e stack into Ray's OOM killer.
+"""
 RAY_ENV_DEFAULTS = {
     # Serve flushes each replica's and router's cached request metrics every 100 ms by
     # default; Ray exports metrics every 10 s anyway, so 1 s loses nothing. Measured idle
@@ -47,6 +61,7 @@ RAY_ENV_DEFAULTS = {
     # object refs (the gateway's chat-head handle does the same, in RayHeadClient): with
     # both, proxy + gateway + head CPU per token fell by a third.
     "RAY_SERVE_PROXY_USE_GRPC": "1",
+    **SERVE_LOOP_ENV,
 }
 """Environment ``gateway run`` gives Ray (and so every replica) unless already set."""
 DIRECT_LISTEN_TIMEOUT_S = 120.0

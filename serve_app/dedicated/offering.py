@@ -38,7 +38,6 @@ from serve_app.dedicated.policy import (
 from serve_app.dedicated.store import EndpointRow
 from serve_app.protocol.dedicated import DedicatedEngineConfig, DedicatedScalingBounds
 from serve_app.protocol.errors import InvalidRequestError
-from serve_app.serve_loop import on_serve_loop
 
 
 @dataclass(frozen=True)
@@ -125,10 +124,7 @@ def _actor_options(
         if k not in options.capacity_resources.values()
     }
     resources[options.capacity_resources[cls]] = options.capacity_resource_amount
-    actor_options = {**base, "resources": resources}
-    if offering.model.head == "chat":  # as the shared chat heads (serve_app.serve_loop)
-        return on_serve_loop(actor_options)
-    return actor_options
+    return {**base, "resources": resources}
 
 
 def _code_version(backend: str, engine_config: dict[str, Any]) -> str:

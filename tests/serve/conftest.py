@@ -21,6 +21,7 @@ from serve_app.cli import ingress
 from serve_app.cli.loopback import BASE_URL_ENV as LOOPBACK_URL_ENV
 from serve_app.cli.loopback import KEY_ENV as LOOPBACK_KEY_ENV
 from serve_app.cli.loopback import prepare_loopback_provider
+from serve_app.cli.serve import SERVE_LOOP_ENV
 from serve_app.config import REPO_ROOT
 from serve_app.settings import GatewaySettings
 from serve_app.storage.db import Database
@@ -203,7 +204,7 @@ def serve_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeStack
     # Served as `gateway run` serves it by default: direct ingress, the gateway replica
     # itself on `port`, Serve's proxy on another port (the two-node cluster test covers
     # the proxy path). Set before Ray starts: Serve reads it in every process it starts.
-    direct = ingress.ray_env("direct", port)
+    direct = {**ingress.ray_env("direct", port), **SERVE_LOOP_ENV}
     os.environ.update(direct)
     ray.init(num_cpus=8, resources=CAPACITY_RESOURCES, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": ingress.free_port("127.0.0.1")})
