@@ -35,10 +35,41 @@ OBJECT_STORE_BYTES = 128 * 1024 * 1024
 """Small stores: the test moves no objects, and /dev/shm is shared with other tests."""
 
 
+_handed_out: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port outside the kernel's ephemeral range, not handed out before.
+
+    A port the kernel picks for ``bind(0)`` comes from the ephemeral range, which every
+    outgoing connection on this busy machine also draws from: between the pick and the
+    agent's bind, one of Ray's own connections took it once ("Address already in use" in
+    the runtime-env agent, so its raylet exited and the head node went down mid-test).
+    Below that range only an explicit bind can take a port.
+    """
+    low, _ = _ephemeral_range()
+    top = min(low, 32768)
+    rng = secrets.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(max(10000, top - 12000), top)
+        if port in _handed_out or port == 6379:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def _ray_bin() -> str:
