@@ -38,12 +38,12 @@ OBJECT_STORE_BYTES = 128 * 1024 * 1024
 _handed_out: set[int] = set()
 
 
-def _ephemeral_range() -> tuple[int, int]:
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default where unreadable)."""
     try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def free_port() -> int:
@@ -55,12 +55,11 @@ def free_port() -> int:
     the runtime-env agent, so its raylet exited and the head node went down mid-test).
     Below that range only an explicit bind can take a port.
     """
-    low, _ = _ephemeral_range()
-    top = min(low, 32768)
+    top = min(_ephemeral_low(), 32768)
     rng = secrets.SystemRandom()
     for _ in range(200):
-        port = rng.randrange(max(10000, top - 12000), top)
-        if port in _handed_out or port == 6379:
+        port = rng.randrange(max(10000, top - 12000), top)  # above Redis's 6379
+        if port in _handed_out:
             continue
         with socket.socket() as s:
             try:
