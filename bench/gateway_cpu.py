@@ -94,11 +94,11 @@ def _render_per_event(n: int) -> None:
     """CPU seconds per text-delta event of each stream renderer, best of 5 runs of ``n``
     (the responses run includes its opening and closing events)."""
     from serve_app.contract.text import GenerationDone, TextDelta
-    from serve_app.inference.assemble import ChatChunker
-    from serve_app.inference.responses_render import ResponseBuilder
+    from serve_app.inference.chat.assemble import ChatChunker
+    from serve_app.inference.responses.render import ResponseBuilder
 
     deltas = [TextDelta(0, text=f" w{i}") for i in range(n)]
-    settings: Any = {  # what a plain request's Response states (responses_echo)
+    settings: Any = {  # what a plain request's Response states (inference.responses.echo)
         "instructions": None,
         "tools": [],
         "tool_choice": "none",

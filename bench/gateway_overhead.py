@@ -160,7 +160,7 @@ def main() -> None:
     import ray
     from ray import serve
 
-    from deployments.engines.model_prep import ensure_model
+    from deployments.models.prepared_models import ensure_model
     from serve_app.builders import build_gateway_app
 
     ensure_model(MODEL)

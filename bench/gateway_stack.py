@@ -32,16 +32,25 @@ ENGINE: dict[str, object] = {
 }
 """Engine settings of both stacks, in the catalog's names (bench.servers maps them to flags)."""
 BASE_CONFIG = "configs/local.yaml"
-READY_LINE = b"==> gateway ready on"
+READY_LINE = b"] gateway ready on"
 
 
 def gateway_config(
-    target: Path, overrides: dict[str, Any] | None = None, repo: Path = REPO
+    target: Path,
+    overrides: dict[str, Any] | None = None,
+    repo: Path = REPO,
+    *,
+    model: str = MODEL,
+    head: str = "chat",
+    engine: dict[str, object] | None = None,
+    deployment: dict[str, Any] | None = None,
 ) -> Path:
-    """configs/local.yaml with its catalog files replaced by the SmolLM2 chat entry alone.
+    """configs/local.yaml with its catalog files replaced by one entry alone (SmolLM2's chat).
 
-    The entry is copied from the catalog file the config names (so the head runs with
-    its real deployment options) and its engine settings pinned to ``ENGINE``.
+    The entry (``model`` of head kind ``head``) is copied from the catalog file the config
+    names (so the head runs with its real deployment options) and its engine settings
+    pinned to ``engine`` (default ``ENGINE``); ``deployment`` replaces its deployment
+    options where given (a bench pins one replica instead of a sleeping head's autoscaling).
     ``overrides`` replaces top-level keys of the application's ``args`` (a dict value
     is merged one level down: ``{"ledger": {"flush_interval_s": 5}}``). ``repo`` is the
     checkout whose config is read: an older checkout (a ``--variant repo=``) validates
@@ -56,11 +65,14 @@ def gateway_config(
     entries = list(args.pop("catalog", []))
     for name in args.pop("catalog_files", []):
         entries += (yaml.safe_load((repo / name).read_text()) or {}).get("models", [])
-    chat = [e for e in entries if e.get("id") == MODEL and e.get("head") == "chat"]
-    if not chat:
-        raise SystemExit(f"{BASE_CONFIG}: no chat entry '{MODEL}' in its catalog")
-    entry = dict(chat[0])
-    entry["engine"] = {**entry["engine"], "config": {**entry["engine"]["config"], **ENGINE}}
+    found = [e for e in entries if e.get("id") == model and e.get("head") == head]
+    if not found:
+        raise SystemExit(f"{BASE_CONFIG}: no {head} entry '{model}' in its catalog")
+    entry = dict(found[0])
+    pinned = ENGINE if engine is None else engine
+    entry["engine"] = {**entry["engine"], "config": {**entry["engine"]["config"], **pinned}}
+    if deployment is not None:
+        entry["deployment"] = deployment
     args["catalog"] = [entry]
     for name, value in (overrides or {}).items():
         merge = isinstance(value, dict) and isinstance(args.get(name), dict)
@@ -156,9 +168,14 @@ def _mint_key_in(env: dict[str, str]) -> str:
 
 
 def wait_gateway(
-    base_url: str, key: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float
+    base_url: str,
+    key: str,
+    proc: subprocess.Popen[bytes],
+    log: Path,
+    timeout_s: float,
+    probe: tuple[str, dict[str, Any]] | None = None,
 ) -> None:
-    """Wait for ``gateway run``'s "ready" line, then for a chat answer.
+    """Wait for ``gateway run``'s "ready" line, then for an answer (``wait_answering``).
 
     A head can answer before Serve reports the application running; the gateway's
     readiness poll then turns it back to "warming" (503) for a while, so the first
@@ -171,21 +188,30 @@ def wait_gateway(
         if time.monotonic() > deadline:
             raise TimeoutError(f"gateway run was not ready within {timeout_s:.0f} s")
         time.sleep(2)
-    wait_answering(base_url, key, proc, deadline - time.monotonic(), "gateway run")
+    wait_answering(base_url, key, proc, deadline - time.monotonic(), "gateway run", probe)
 
 
 def wait_answering(
-    base_url: str, key: str, proc: subprocess.Popen[bytes], timeout_s: float, what: str
+    base_url: str,
+    key: str,
+    proc: subprocess.Popen[bytes],
+    timeout_s: float,
+    what: str,
+    probe: tuple[str, dict[str, Any]] | None = None,
 ) -> None:
-    """Poll a chat completion until it answers 200 (heads answer 503 while warming)."""
+    """Poll ``probe`` (path, JSON body; default a SmolLM2 chat completion) until it answers
+    200 (heads answer 503 while warming)."""
     deadline = time.monotonic() + timeout_s
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    path, body = probe or (
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    )
     headers = {"Authorization": f"Bearer {key}"}
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with {proc.returncode} while starting")
         try:
-            url = f"{base_url}/v1/chat/completions"
+            url = f"{base_url}{path}"
             if httpx.post(url, json=body, headers=headers, timeout=60).status_code == 200:
                 return
         except httpx.HTTPError:

@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -34,11 +34,13 @@ def start_vllm(
     log: Path,
     engine: Mapping[str, object],
     served_name: str = SMOLLM2,
+    extra_args: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
     """vLLM's OpenAI server (``python -m``: the ``vllm`` console script is broken here).
 
     ``engine`` uses the catalog's names (``max_model_len``, ``enforce_eager``...), so
     a bench can hand the same dict to the gateway's head and to this server.
+    ``extra_args`` go to the server as they are (``--runner pooling``).
     The server runs in its own session: Ctrl-C in the terminal reaches the bench,
     which then stops the server in order (``stop_tree``).
     """
@@ -55,6 +57,7 @@ def start_vllm(
         "--port",
         str(port),
         "--disable-log-stats",  # its periodic stats line; the access log stays on (default)
+        *extra_args,
     ]
     for name, value in engine.items():
         if name == "enforce_eager":

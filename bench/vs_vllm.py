@@ -43,8 +43,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import platform
 import shlex
 import shutil
 import signal
@@ -63,7 +61,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import proc_cpu
-from bench.common import chat_once, free_port, interleaved, pct
+from bench.common import chat_once, free_port, host_facts, interleaved, pct
 from bench.gateway_stack import (
     ENGINE,
     MODEL,
@@ -419,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, _interrupt)
     signal.signal(signal.SIGALRM, _interrupt)
     signal.alarm(args.timeout_s)
-    from deployments.engines.model_prep import ensure_model
+    from deployments.models.prepared_models import ensure_model
 
     started = time.strftime("%Y-%m-%dT%H-%M-%S")
     model_path = ensure_model(MODEL)
@@ -494,11 +492,7 @@ def main(argv: list[str] | None = None) -> int:
             "variants": {v.label: v.describe() for v in args.variant},
             "command": " ".join(sys.argv),
         },
-        "host": {
-            "cpus": os.cpu_count(),
-            "processor": platform.processor() or platform.machine(),
-            "loadavg_after": os.getloadavg(),
-        },
+        "host": host_facts(),
         **result,
     }
     report(result)

@@ -1,6 +1,6 @@
 """The head of a dedicated endpoint: a chat head that says which replica served a call.
 
-Same ``ChatHeadCore`` and engine factory as ``deployments.chat_head.ChatHead``;
+Same ``ChatHeadCore`` and engine factory as ``deployments.text.head.ChatHead``;
 three additions the dedicated monitoring records need from the replica itself:
 
 - every stream starts with a ``ServedBy`` event (the gateway strips it), so
@@ -8,7 +8,7 @@ three additions the dedicated monitoring records need from the replica itself:
 - ``stats()`` reports tokens produced, age and in-flight calls for replica
   health (the gateway only calls it on replicas that are already running);
 - ``record_autoscaling_stats`` reports the engine's waiting queue for the
-  ``engine_target_waiting`` knob (see ``serve_app.dedicated.autoscaling``).
+  ``engine_target_waiting`` knob (see ``serve_app.dedicated.control.autoscaling``).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from typing import Any
 
 from ray import serve
 
-from deployments.chat_head import ChatHeadCore
+from deployments.direct_http import refuse_direct_http
 from deployments.replica_logging import configure_replica_logging
 from deployments.stream_batching import coalesce
+from deployments.text.head import ChatHeadCore
 from serve_app.contract.dedicated import ReplicaStats, ServedBy
-from serve_app.contract.errors import NotFoundError
 from serve_app.contract.text import GenerationDone, HeadEvent, HeadRequest
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class DedicatedHead:
     ) -> None:
         """``peers`` only binds hybrid's ``burst`` deployment into the same app (unused)."""
         configure_replica_logging()
-        from deployments.engines.factory import build_text_engine
+        from deployments.text.factory import build_text_engine
 
         self.model_id = model_id
         self.replica_id = serve.get_replica_context().replica_id.unique_id
@@ -94,20 +94,9 @@ class DedicatedHead:
         return {"engine_waiting": float(waiting or 0)}
 
     async def __call__(self, request: Any) -> Any:
-        """HTTP sent to this replica itself: a 404 envelope, never a model call.
-
-        Under direct ingress (``gateway run``'s default) Serve gives every
-        application's ingress replica an HTTP port, this one included. The
-        endpoint is only ever reached through the gateway (keys, limits,
-        metering), by its alias on ``/v1``.
-        """
-        from starlette.responses import JSONResponse
-
-        err = NotFoundError(
-            "Dedicated endpoints are served through the gateway's /v1 by their alias "
-            "(model: ded/<slug>), not on this port."
-        )
-        return JSONResponse(err.envelope(), status_code=err.status_code)
+        """HTTP sent to this replica itself: a 404 envelope, never a model call
+        (``deployments.direct_http``)."""
+        return refuse_direct_http()
 
     async def check_health(self) -> None:
         await self.core.engine.check_health()

@@ -110,6 +110,62 @@ Interval = float | None | Callable[[], float | None]
 """A batch window in seconds, ``None`` for "the rest at once", or a function read per batch."""
 
 
+class _Pump:
+    """The producer read in a task into a queue, with the waits ``coalesce`` needs."""
+
+    def __init__(self, events: AsyncIterator[Any]) -> None:
+        self.queue: collections.deque[Any] = collections.deque()
+        self.ready = asyncio.Event()  # an event is queued, or the producer ended
+        self.finished = asyncio.Event()
+        self.reader = asyncio.create_task(self._pump(events))
+
+    async def _pump(self, events: AsyncIterator[Any]) -> None:
+        try:
+            async for event in events:
+                self.queue.append(event)
+                self.ready.set()
+        finally:
+            self.finished.set()
+            self.ready.set()
+
+    async def next_event(self) -> Any:
+        """The next event, or ``_END`` once the producer finished and nothing is left."""
+        while not self.queue:
+            if self.reader.done():
+                self.reader.result()
+                return _END
+            self.ready.clear()
+            await self.ready.wait()
+        return self.queue.popleft()
+
+    async def wait_window(self, window: float | None) -> None:
+        """Once an event is there: ``window`` seconds more (``None``: the producer's end)."""
+        if not self.finished.is_set():
+            if window is None:
+                await self.finished.wait()
+            elif window > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(window):
+                        await self.finished.wait()
+
+    def drain(self) -> tuple[list[Any], bool]:
+        """Everything queued, and whether the producer had ended when it was taken.
+
+        While the batch is out the producer may still add (and end); those events go
+        in the next batch, not lost.
+        """
+        self.ready.clear()
+        batch = list(self.queue)
+        self.queue.clear()
+        return batch, self.reader.done()
+
+    async def close(self) -> None:
+        if not self.reader.done():
+            self.reader.cancel()  # the consumer left: cancel the producer (the engine aborts)
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.reader
+
+
 async def coalesce(
     events: AsyncIterator[Any],
     interval_s: Interval = DEFAULT_INTERVAL_S,
@@ -122,61 +178,23 @@ async def coalesce(
     sparser than the window costs no wake-ups between them. ``interval_s`` may be a
     function, read as each window opens, so a head can widen it under load.
     """
-    queue: collections.deque[Any] = collections.deque()
-    ready = asyncio.Event()  # an event is queued, or the producer ended
-    finished = asyncio.Event()
-
-    async def pump() -> None:
-        try:
-            async for event in events:
-                queue.append(event)
-                ready.set()
-        finally:
-            finished.set()
-            ready.set()
-
-    async def next_event() -> Any:
-        """The next event, or ``_END`` once the producer finished and nothing is left."""
-        while not queue:
-            if reader.done():
-                reader.result()
-                return _END
-            ready.clear()
-            await ready.wait()
-        return queue.popleft()
-
-    reader = asyncio.create_task(pump())
+    pump = _Pump(events)
     try:
         eager = True
         while eager:  # one by one until the first content event
-            event = await next_event()
+            event = await pump.next_event()
             if event is _END:
                 return
             eager = not eager_until(event)
             yield [event]
         while True:
-            await ready.wait()
-            window = interval_s() if callable(interval_s) else interval_s
-            if not finished.is_set():
-                if window is None:
-                    await finished.wait()
-                elif window > 0:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(window):
-                            await finished.wait()
-            ready.clear()
-            batch = list(queue)
-            queue.clear()
-            # Whether the producer had ended when drained: while the batch is out, it
-            # may still add (and end); those events go in the next batch, not lost.
-            ended = reader.done()
+            await pump.ready.wait()  # the window opens with an event, read as it opens
+            await pump.wait_window(interval_s() if callable(interval_s) else interval_s)
+            batch, ended = pump.drain()
             if batch:
                 yield merge_deltas(batch)
             if ended:
-                reader.result()  # re-raise what the producer raised, after its output
+                pump.reader.result()  # re-raise what the producer raised, after its output
                 return
     finally:
-        if not reader.done():
-            reader.cancel()  # the consumer left: cancel the producer (the engine aborts)
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+        await pump.close()

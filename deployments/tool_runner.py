@@ -9,7 +9,8 @@ gateway calls ``run`` through a handle (``serve_app.tools.sandbox.RemoteSandbox`
 
 A missing bubblewrap is an answer, not an exception: ``RunnerReply.unavailable`` (in
 ``serve_app.contract.sandbox``, as it crosses the handle) carries the reason, so the
-request's tool call fails cleanly (spec 2.10) instead of surfacing a Ray error.
+request's tool call fails cleanly (docs/reference/responses.md#output-items) instead of surfacing
+a Ray error.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Serve config entry point: ``import_path: serve_app.builders:build_gateway_app``.
 
 Builds one head deployment per own-fleet catalog model (chat, speech,
-transcription, detect, parse, video) and the gateway ingress bound to their
+transcription, detect, parse, video, pooling) and the gateway ingress bound to their
 handles, so the Ray dashboard shows the gateway and one deployment per model.
 """
 
@@ -10,17 +10,18 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from pydantic import ValidationError
 from ray.serve import Application
 
-from deployments.chat_head import ChatHead
-from deployments.document_head import DetectHead, ParseHead
-from deployments.engines.audio_factory import is_known_backend
-from deployments.engines.document_factory import is_known_document_backend
-from deployments.engines.video_factory import is_known_video_backend
-from deployments.speech_head import SpeechHead
+from deployments import registry
+from deployments.audio.speech_head import SpeechHead
+from deployments.audio.transcription_head import TranscriptionHead
+from deployments.document.head import DetectHead, ParseHead
+from deployments.embedding.head import PoolingHead
+from deployments.text.head import ChatHead
 from deployments.tool_runner import ToolRunner
-from deployments.transcription_head import TranscriptionHead
-from deployments.video_head import VideoHead
+from deployments.video.head import VideoHead
+from serve_app.adapters.store import open_head_objects
 from serve_app.catalog.config import CatalogModel
 from serve_app.config import GatewayAppArgs, ToolRunnerOptions
 from serve_app.ingress.deployment import Gateway
@@ -36,16 +37,27 @@ HEAD_DEPLOYMENTS: dict[str, Any] = {
     "detect": DetectHead,
     "parse": ParseHead,
     "video": VideoHead,
+    "pooling": PoolingHead,
 }
 """Head kind -> its Ray Serve deployment; every catalog head kind has one."""
 
 
-def _is_known_backend(head: str, backend: str) -> bool:
-    if head in ("detect", "parse"):
-        return is_known_document_backend(head, backend)
-    if head == "video":
-        return is_known_video_backend(backend)
-    return is_known_backend(head, backend)
+def check_engine(model: CatalogModel) -> None:
+    """Refuse an unknown backend, or engine settings its config class rejects, when the
+    app is built: a typo in a catalog's ``engine.config`` would otherwise pass here and
+    crash every replica at start (``deployments.registry``: the same validation the
+    replica runs, with no model runtime imported)."""
+    backend = model.engine.backend
+    try:
+        registry.validate_config(model.head, backend, model.engine.config)
+    except ValidationError as exc:
+        fields = "; ".join(
+            f"engine.config.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise ValueError(f"{model.id}: {backend} engine settings are invalid: {fields}") from None
+    except ValueError as exc:
+        raise ValueError(f"{model.id}: {exc}") from None
 
 
 def head_application(
@@ -59,10 +71,7 @@ def head_application(
     if model.head not in HEAD_DEPLOYMENTS:
         logger.warning("no head implementation for %s models yet; %s skipped", model.head, model.id)
         return None
-    if model.head != "chat" and not _is_known_backend(model.head, model.engine.backend):
-        raise ValueError(
-            f"{model.id}: '{model.engine.backend}' is not a {model.head} engine backend."
-        )
+    check_engine(model)
     spec = model.deployment
     options: dict[str, Any] = {
         "name": model.deployment_name(),
@@ -79,7 +88,15 @@ def head_application(
     if model.head == "transcription" and max_audio_seconds is not None:
         return head.bind(model.id, model.engine.backend, model.engine.config, max_audio_seconds)
     if model.head == "chat":
-        return head.bind(model.id, model.engine.backend, model.engine.config, spec.stream_batch_ms)
+        # Heads serving LoRA adapters fetch uploaded ones from the gateway's store.
+        objects = open_head_objects if model.engine.config.get("lora") is not None else None
+        return head.bind(
+            model.id,
+            model.engine.backend,
+            model.engine.config,
+            spec.stream_batch_ms,
+            open_adapter_objects=objects,
+        )
     if model.head == "video":  # the worker's pacing must agree with the gateway's
         return head.bind(
             model.id,

@@ -27,35 +27,46 @@ from typing import Any
 
 from deployments.replica_logging import configure_replica_logging
 from deployments.sandbox.bwrap import BwrapSandbox
+from serve_app.adapters.service import AdapterService
+from serve_app.adapters.store import AdapterStore
 from serve_app.auth.accounts import AccountStore
 from serve_app.auth.epoch import EpochWatch
 from serve_app.auth.service import AuthService
+from serve_app.batches.service import BatchService
+from serve_app.batches.store import BatchStore
+from serve_app.batches.worker import BatchWorker
 from serve_app.catalog.catalog import Catalog
 from serve_app.config import GatewayAppArgs
-from serve_app.dedicated.backend import ServeBackend
-from serve_app.dedicated.facade import build_dedicated
-from serve_app.dedicated.floor import build_floor_counts
-from serve_app.dedicated.ray_backend import RayServeBackend
+from serve_app.dedicated.api.facade import build_dedicated
+from serve_app.dedicated.control.backend import ServeBackend
+from serve_app.dedicated.control.ray_backend import RayServeBackend
+from serve_app.dedicated.routing.floor import build_floor_counts
+from serve_app.dedicated.routing.router import DedicatedRouter
+from serve_app.files.service import FilePolicy, FileService
+from serve_app.files.store import FileStore
 from serve_app.heads.client import (
     DocumentClient,
     HeadClient,
+    PoolingClient,
     SpeechClient,
     TranscriptionClient,
     VideoHeadClient,
     ray_head_clients,
 )
-from serve_app.inference.audio_service import AudioPolicy, AudioService
-from serve_app.inference.document_service import DocumentPolicy, DocumentService
-from serve_app.inference.external import ExternalHeadClient
+from serve_app.heads.external import ExternalHeadClient
+from serve_app.heads.waker import HeadWaker
+from serve_app.inference.audio.service import AudioPolicy, AudioService
+from serve_app.inference.chat.service import TextService, TimeoutPolicy
+from serve_app.inference.chat.tools import ToolChatService
+from serve_app.inference.documents.service import DocumentPolicy, DocumentService
+from serve_app.inference.embeddings.service import EmbeddingPolicy, EmbeddingService
 from serve_app.inference.images import ImagePolicy
-from serve_app.inference.metering import build_metering
+from serve_app.inference.metering import Metering, build_metering
 from serve_app.inference.readiness import HeadReadiness, serve_status_source
-from serve_app.inference.responses_service import ResponsesService
-from serve_app.inference.text_service import TextService, TimeoutPolicy
-from serve_app.inference.tool_chat import ToolChatService
+from serve_app.inference.responses.service import ResponsesService
+from serve_app.inference.video.service import VideoService
 from serve_app.ingress.replays import build_replay_store
 from serve_app.ingress.state import GatewayState
-from serve_app.jobs.service import VideoService
 from serve_app.jobs.store import JobStore
 from serve_app.limits.buckets import CounterStore
 from serve_app.metrics import GatewayMetrics
@@ -82,6 +93,7 @@ def build_state(
     transcription_heads: dict[str, TranscriptionClient] | None = None,
     document_heads: dict[str, DocumentClient] | None = None,
     video_heads: dict[str, VideoHeadClient] | None = None,
+    pooling_heads: dict[str, PoolingClient] | None = None,
     objects: ObjectStore | None = None,
     dedicated_backend: ServeBackend | None = None,
     sandbox: CodeSandbox | None = None,
@@ -91,9 +103,9 @@ def build_state(
 
     ``counters`` and ``metrics`` override the limit counters (default: Redis
     when ``GATEWAY_REDIS_URL`` is set, else in-process) and the metrics backend;
-    ``objects`` the object store of generated videos (default: from settings);
+    ``objects`` the object store of generated videos and files (default: from settings);
     ``sandbox`` the code sandbox (default: bubblewrap in this process);
-    ``clock`` the dedicated subsystem's (tests drive a manual one).
+    ``clock`` the dedicated subsystem's and the batches' (tests drive a manual one).
     """
     dedicated = build_dedicated(
         config.dedicated,
@@ -111,6 +123,8 @@ def build_state(
     )
     images = ImagePolicy(**config.images.model_dump())
     metering = build_metering(config, database, settings, counters=counters, metrics=metrics)
+    objects = objects or build_object_store(settings)
+    adapters = AdapterService(catalog, AdapterStore(database), objects, heads)
     text = TextService(
         catalog,
         heads,
@@ -119,13 +133,15 @@ def build_state(
         TimeoutPolicy(**config.timeouts.model_dump()),
         metering,
         head_lookup=router.head_for if router is not None else None,
+        adapters=adapters,
     )
     tools = ToolRuntime.from_options(
         config.tools,
         settings.state_dir,
         sandbox=sandbox or BwrapSandbox(config.tools.code_interpreter),
     )
-    return GatewayState(
+    file_store = FileStore(database)
+    state = GatewayState(
         catalog=catalog,
         auth=AuthService(
             AccountStore(database, pepper=settings.key_pepper),
@@ -156,15 +172,71 @@ def build_state(
             video_heads or {},
             readiness,
             JobStore(database),
-            objects or build_object_store(settings),
+            objects,
             config.video,
             url_expiry_s=settings.object_url_expiry_s,
             public_base_url=settings.public_base_url,
             metering=metering,
         ),
+        embeddings=_embeddings(config, catalog, pooling_heads or {}, readiness, metering, router),
         replays=build_replay_store(settings.redis_url, prefix=config.limits.redis_prefix),
+        files=FileService(
+            file_store,
+            objects,
+            FilePolicy(config.batches.max_file_bytes, config.batches.files_list_limit),
+        ),
+        batches=BatchService(BatchStore(database), file_store, config.batches, clock=clock),
+        adapters=adapters,
         dedicated=dedicated,
     )
+    if config.batches.enabled:
+        _attach_batch_worker(state, config, database, settings, objects, metering, clock)
+    return state
+
+
+def _embeddings(
+    config: GatewayAppArgs,
+    catalog: Catalog,
+    heads: dict[str, PoolingClient],
+    readiness: HeadReadiness,
+    metering: Metering,
+    router: DedicatedRouter | None,
+) -> EmbeddingService:
+    """The pooling routes' service: the catalog's heads, and dedicated endpoints' by alias."""
+    return EmbeddingService(
+        catalog,
+        heads,
+        readiness,
+        EmbeddingPolicy(**config.embeddings.model_dump()),
+        metering,
+        head_lookup=router.pooling_head_for if router is not None else None,
+    )
+
+
+def _attach_batch_worker(
+    state: GatewayState,
+    config: GatewayAppArgs,
+    database: Database,
+    settings: GatewaySettings,
+    objects: ObjectStore,
+    metering: Metering,
+    clock: Callable[[], datetime],
+) -> None:
+    """The replica's batch worker: its lines run through this replica's own services."""
+    worker = BatchWorker(
+        BatchStore(database),
+        state.files.store,
+        objects,
+        state.catalog,
+        AccountStore(database, pepper=settings.key_pepper).principal_for_key_id,
+        state,
+        metering,
+        config.batches,
+        bill=config.ledger.enabled,
+        clock=clock,
+    )
+    state.batch_worker = worker
+    state.batches.wake = worker.wake
 
 
 async def build_replica(
@@ -183,7 +255,9 @@ async def build_replica(
     chat.update({m.id: ExternalHeadClient(m) for m in config.catalog if m.is_external})
     deployments = {m.id: m.deployment_name() for m in config.catalog if m.id in handles}
     readiness = HeadReadiness(
-        serve_status_source(app_name, deployments), config.readiness_refresh_s
+        serve_status_source(app_name, deployments),
+        config.readiness_refresh_s,
+        waker=HeadWaker({m: h for m, h in handles.items() if m in deployments}),
     )
     settings = get_settings()
     if config.deployment_mode == "production":  # each replica's own environment counts
@@ -193,8 +267,9 @@ async def build_replica(
     dedicated_backend = None
     if config.dedicated.enabled:
         from deployments.dedicated_head import DedicatedHead  # only a Serve replica needs it
+        from deployments.embedding.head import PoolingHead
 
-        dedicated_backend = RayServeBackend(DedicatedHead)
+        dedicated_backend = RayServeBackend(DedicatedHead, pooling_head=PoolingHead)
     state = build_state(
         config,
         chat,
@@ -205,22 +280,27 @@ async def build_replica(
         transcription_heads=clients.transcription,
         document_heads=clients.documents,
         video_heads=clients.video,
+        pooling_heads=clients.pooling,
         dedicated_backend=dedicated_backend,
         # Untrusted code runs in the tool-runner replicas, not in this process.
         sandbox=RemoteSandbox(tool_runner) if tool_runner is not None else None,
     )
     # On the replica's loop: adopt spool files a dead replica left, start flushing.
     await state.text.metering.start()
+    if state.batch_worker is not None:
+        state.batch_worker.start()  # claims batch work from the database, on idle capacity
     if state.dedicated is not None:
         state.dedicated.start()  # alias refresh + the (lease-guarded) reconciler
     return config, state
 
 
 async def close_replica(state: GatewayState) -> None:
-    """Graceful stop: hand the reconciler lease over, commit spooled usage, close the
-    counter, replay-store and account connections."""
+    """Graceful stop: hand the reconciler lease over, put running batch lines back,
+    commit spooled usage, close the counter, replay-store and account connections."""
     if state.dedicated is not None:
         await state.dedicated.stop()  # hands the reconciler lease over at once
+    if state.batch_worker is not None:
+        await state.batch_worker.stop()  # its running lines go back for another worker
     await state.video.aclose()
     await state.text.metering.aclose()
     await state.replays.aclose()

@@ -74,7 +74,7 @@ class ImageOptions(_Strict):
 
 
 class DocumentOptions(_Strict):
-    """Detect and parse routes (spec 4.10, 4.11)."""
+    """Detect and parse routes (docs/reference/documents.md)."""
 
     detect_timeout_s: float = Field(
         default=120.0, gt=0, description="Wait for a detect head's regions before a 504."
@@ -94,8 +94,23 @@ class DocumentOptions(_Strict):
     )
 
 
+class EmbeddingOptions(_Strict):
+    """Embeddings, rerank and score routes (docs/api.md, "Embeddings, rerank and score")."""
+
+    max_inputs: int = Field(
+        default=2048,
+        ge=1,
+        description="Inputs of one /v1/embeddings request, documents of one rerank, texts of "
+        "one side of a score (OpenAI's bound: 2,048); 400 above.",
+    )
+    timeout_s: float = Field(
+        default=120.0, gt=0, description="Wait for a pooling head's answer before a 504."
+    )
+
+
 class AudioOptions(_Strict):
-    """Speech and transcription routes (spec 4.4, 4.5, 8)."""
+    """Speech and transcription routes (docs/reference/audio.md,
+    docs/reference/common.md#limits)."""
 
     speech_timeout_s: float = Field(
         default=300.0, gt=0, description="Wait for a speech head's WAV before a 504."
@@ -106,7 +121,7 @@ class AudioOptions(_Strict):
     max_file_bytes: int = Field(
         default=25 * 1024 * 1024,
         ge=1,
-        description="Largest transcription file (spec 8: 25 MB, read as 25 MiB); 413 above.",
+        description="Largest transcription file (the API's 25 MB, read as 25 MiB); 413 above.",
     )
     multipart_overhead_bytes: int = Field(
         default=1024 * 1024,
@@ -122,14 +137,15 @@ class AudioOptions(_Strict):
 
 
 class VideoOptions(_Strict):
-    """Asynchronous video jobs (spec 4.6-4.9, 8): caps, worker pacing, reconciliation.
+    """Asynchronous video jobs (docs/reference/video.md, docs/reference/common.md#limits): caps,
+    worker pacing, reconciliation.
 
     The same values reach the gateway (cap, listing, reconciliation on read) and
     every video head (its worker loop), so heartbeat and staleness agree.
     """
 
     max_unfinished_jobs_per_user: int = Field(
-        default=2, ge=1, description="Queued + running jobs per user; spec 8: 2 (429 above)."
+        default=2, ge=1, description="Queued + running jobs per user; the API says 2 (429 above)."
     )
     list_limit: int = Field(default=20, ge=1, le=100, description="Jobs returned by the list.")
     quota_retry_after_s: int = Field(
@@ -161,8 +177,70 @@ class VideoOptions(_Strict):
         return self
 
 
+class BatchOptions(_Strict):
+    """``/v1/files`` and ``/v1/batches`` (docs/api.md, "Files" and "Batches"): bounds,
+    price, the per-organization limit, and the worker that runs lines on idle capacity."""
+
+    enabled: bool = Field(default=True, description="Run batch lines in the gateway replicas.")
+    discount: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="A batch line costs the catalog's price times this factor.",
+    )
+    max_file_bytes: int = Field(
+        default=200 * 1000 * 1000, ge=1, description="Largest upload to /v1/files (413 above)."
+    )
+    max_lines: int = Field(
+        default=50_000, ge=1, description="Most requests in one batch input file."
+    )
+    max_enqueued_tokens_per_org: int | None = Field(
+        default=20_000_000,
+        ge=1,
+        description="Estimated tokens of an organization's unfinished batches (validating, "
+        "in progress, finalizing, cancelling); a batch that would exceed it fails validation "
+        "with token_limit_exceeded. None: no limit.",
+    )
+    concurrency: int = Field(
+        default=2, ge=1, description="Lines one replica's worker runs at once."
+    )
+    yield_to_live: bool = Field(
+        default=True,
+        description="Start no new line while a live request of the replica is in flight, "
+        "nor within live_quiet_s after one ended.",
+    )
+    live_quiet_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="With yield_to_live: how long after a live request ends before new lines "
+        "start (a client's next call often follows within it).",
+    )
+    lease_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="A claimed line (or batch stage) is re-claimed this long after its "
+        "worker's last heartbeat: a killed worker's work resumes after at most this.",
+    )
+    poll_interval_s: float = Field(
+        default=1.0, gt=0, description="How often an idle worker looks for work."
+    )
+    max_attempts: int = Field(
+        default=3,
+        ge=1,
+        description="Claims of one line before it fails (a line that kills "
+        "its worker every time must not stall the batch).",
+    )
+    completion_window_s: float = Field(
+        default=24 * 3600.0, gt=0, description="The 24h window; unfinished lines then expire."
+    )
+    files_list_limit: int = Field(
+        default=10_000, ge=1, description="Default page size of GET /v1/files."
+    )
+
+
 class LimitsOptions(_Strict):
-    """Platform-wide rate limits (spec 8): defaults for users without their own values.
+    """Platform-wide rate limits (docs/reference/common.md#limits): defaults for users without their
+    own values.
 
     Keys and users carry their own RPM/TPM/daily values in the database
     (``gateway keys create --rpm``, ``gateway users update``); these apply to a
@@ -183,7 +261,7 @@ class LimitsOptions(_Strict):
     window_s: float = Field(
         default=60.0,
         gt=0,
-        description="Sliding window of rpm/tpm in seconds; the spec's minute. Change only "
+        description="Sliding window of rpm/tpm in seconds; the API's minute. Change only "
         "for benchmarks.",
     )
     redis_prefix: str = Field(
@@ -258,6 +336,9 @@ class GatewayAppArgs(_Strict):
     video: VideoOptions = Field(
         default_factory=VideoOptions, description="Asynchronous video generation jobs."
     )
+    embeddings: EmbeddingOptions = Field(
+        default_factory=EmbeddingOptions, description="Embeddings, rerank and score routes."
+    )
     tools: ToolsOptions = Field(
         default_factory=ToolsOptions,
         description="Server tools: search provider, fetch limits, code sandbox.",
@@ -268,6 +349,10 @@ class GatewayAppArgs(_Strict):
     )
     limits: LimitsOptions = Field(
         default_factory=LimitsOptions, description="Platform default rate limits and quota."
+    )
+    batches: BatchOptions = Field(
+        default_factory=BatchOptions,
+        description="Files and batches: bounds, discount, enqueued-token limit, the worker.",
     )
     ledger: LedgerOptions = Field(
         default_factory=LedgerOptions, description="Usage ledger spool and flushing."

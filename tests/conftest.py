@@ -18,6 +18,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     Their session fixture keeps one Ray instance (and its GATEWAY_* environment)
     alive until the session ends, so unit tests that check "no Ray, default
     settings" must all have run before it starts. The sort is stable: the order
-    inside each group is unchanged.
+    inside each group is unchanged. The fault tests (they kill and replace parts of that
+    instance) run after every other end-to-end test.
     """
-    items.sort(key=lambda item: "tests/serve/" in item.nodeid)
+    items.sort(
+        key=lambda item: (
+            "tests/serve/" in item.nodeid,
+            item.get_closest_marker("fault") is not None,
+        )
+    )

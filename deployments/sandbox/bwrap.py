@@ -1,4 +1,5 @@
-"""``code_interpreter``: Python in a fresh bubblewrap sandbox per run (spec 8).
+"""``code_interpreter``: Python in a fresh bubblewrap sandbox per run
+(docs/reference/common.md#limits).
 
 Why bubblewrap: it is a Debian package, needs no daemon, and builds a new
 root from nothing on every call, so a run sees no host file it was not given.
@@ -18,7 +19,7 @@ Each run gets:
 
 A run ends at its wall-clock limit: the sandbox's pid 1 is killed, which takes
 every process of the run with it. What was printed until then is returned; a
-killed run is a completed run (spec 2.10).
+killed run is a completed run (docs/reference/responses.md#output-items).
 
 As in a notebook cell, a program ending in an expression also prints that
 expression's value (``repr``, unless None). Models often write ``17 * 23`` or

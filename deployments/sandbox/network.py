@@ -1,7 +1,7 @@
 """Network of a code sandbox run: slirp (default), none, or host.
 
-Spec 8 keeps outbound internet open from the sandbox; the gateway host's own
-services (database, Redis, Ray, cloud metadata) must not be. ``slirp`` gives
+docs/reference/common.md#limits keeps outbound internet open from the sandbox; the gateway host's
+own services (database, Redis, Ray, cloud metadata) must not be. ``slirp`` gives
 the sandbox its own network namespace with a user-mode NAT (slirp4netns,
 a Debian package): ``--disable-host-loopback`` refuses the host's 127.0.0.1,
 and ``prohibit`` routes refuse private, link-local and shared ranges inside

@@ -1,1 +1,2 @@
-"""API keys, accounts and the checks of spec section 5. No Ray imports here."""
+"""API keys, accounts and the checks of docs/reference/common.md#authentication. No Ray imports
+here."""

@@ -109,8 +109,8 @@ def _check_name(kind: str, name: str) -> None:
 def parse_scopes(scopes: str | Iterable[str] | None) -> frozenset[str]:
     """Scope names from a list or a comma/space separated string; ``None`` grants all.
 
-    Every key gets every scope unless narrowed, because the spec has one key
-    serve both the ``/v1`` API and the ``/api`` routes.
+    Every key gets every scope unless narrowed, because one key
+    serves both the ``/v1`` API and the ``/api`` routes.
     """
     if scopes is None:
         return ALL_SCOPES
@@ -369,6 +369,17 @@ class AccountStore:
 
     def find_key(self, key_hash: str) -> StoredKey | None:
         """The key with its user, org and membership, in one joined query."""
+        return self._stored_key(api_keys.c.key_hash == key_hash)
+
+    def principal_for_key_id(self, key_id: str) -> Principal | None:
+        """The caller behind a key id, as now (a batch runs under its creator's key);
+        None when missing, revoked or no longer a member."""
+        stored = self._stored_key(api_keys.c.id == key_id)
+        if stored is None or stored.revoked_at is not None:
+            return None
+        return stored.principal
+
+    def _stored_key(self, where: Any) -> StoredKey | None:
         query = (
             sa.select(*_KEY_LOOKUP_COLUMNS)
             .join(users, users.c.id == api_keys.c.user_id)
@@ -380,7 +391,7 @@ class AccountStore:
                     memberships.c.org_id == api_keys.c.org_id,
                 ),
             )
-            .where(api_keys.c.key_hash == key_hash)
+            .where(where)
         )
         with self._db.connect() as conn:
             row = conn.execute(query).mappings().first()

@@ -33,7 +33,6 @@ made to the database behind the store's back (hand-written SQL).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
@@ -43,6 +42,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from serve_app.background import PeriodicLoop
 from serve_app.storage.db import Database
 from serve_app.storage.schema import auth_epoch
 
@@ -144,9 +144,16 @@ class EpochWatch:
         self._db_read_at = -float("inf")  # when the value's read started
         self._db_claimed = -float("inf")  # when a caller last claimed an inline read
         self._last_request = -float("inf")
-        self._poller: asyncio.Task[None] | None = None
+        self._poller = PeriodicLoop(
+            self._poll_while_busy,
+            poll_s,
+            logger=logger,
+            failure="the accounts generation poller failed",
+            wait_first=True,
+        )
         self._remote: int | None = None
         self._redis_failing = False
+        self._db_failing = False  # log an outage once, not every poll (20 a second)
 
     def _stale(self) -> bool:
         return self._clock() - self._db_read_at >= 2 * self._poll_s
@@ -164,18 +171,23 @@ class EpochWatch:
         try:
             self._db_value = read_db_epoch(self._db)
         except Exception:
-            logger.exception("could not read the accounts generation from the database")
+            if not self._db_failing:
+                logger.exception("could not read the accounts generation from the database")
+            self._db_failing = True
             return
+        if self._db_failing:
+            logger.warning("the accounts generation is read from the database again")
+        self._db_failing = False
         self._db_read_at = max(self._db_read_at, started)
 
-    async def _poll_while_busy(self) -> None:
-        while self._clock() - self._last_request < self._idle_s:
-            await asyncio.sleep(self._poll_s)
-            await asyncio.to_thread(self._poll_db)
+    async def _poll_while_busy(self) -> bool:
+        """One read; False once no request came for ``idle_s`` (until the next one)."""
+        await asyncio.to_thread(self._poll_db)
+        return self._clock() - self._last_request < self._idle_s
 
     def _ensure_poller(self) -> None:
-        if self._poller is None or self._poller.done():
-            self._poller = asyncio.get_running_loop().create_task(self._poll_while_busy())
+        if self._idle_s > 0:  # started right after a request: busy, until idle_s passes
+            self._poller.start()
 
     async def _read_redis(self) -> int | None:
         try:
@@ -203,11 +215,7 @@ class EpochWatch:
         return (local_epoch(self._db), self._remote, self._db_value)
 
     async def aclose(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError, RuntimeError):
-                await self._poller
-            self._poller = None
+        await self._poller.stop()
         if self._redis is not None:
             await self._redis.aclose()
 

@@ -1,4 +1,4 @@
-"""The API key format (spec section 5.2) and how keys are stored.
+"""The API key format (docs/reference/common.md#keys) and how keys are stored.
 
 A key is a fixed vendor prefix followed by 40 base62 characters from
 ``secrets`` (about 238 bits), so it cannot be guessed and needs no slow

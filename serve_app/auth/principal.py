@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Scope names (the spec leaves them open; documented in docs/api.md).
+# Scope names (docs/reference/common.md#scopes-and-session-only-routes).
 SCOPE_INFERENCE = "inference"  # every route under /v1
 SCOPE_DEDICATED = "dedicated"  # every route under /api/dedicated
 ALL_SCOPES: frozenset[str] = frozenset({SCOPE_INFERENCE, SCOPE_DEDICATED})

@@ -1,4 +1,4 @@
-"""Turn an ``Authorization`` header into a ``Principal`` (spec section 5).
+"""Turn an ``Authorization`` header into a ``Principal`` (docs/reference/common.md#authentication).
 
 Every inference request passes through ``authenticate``, so verified keys are
 cached by hash for ``auth_cache_seconds`` (60 s): the database sees one lookup
@@ -10,7 +10,8 @@ whenever the accounts generation moves (``serve_app.auth.epoch``: in-process at
 once, through Redis on the next request, through the database within 50 ms).
 Failures are never cached, so a key works the moment it is created.
 
-All four 401 cases share the code ``invalid_api_key`` as the spec requires;
+All four 401 cases share the code ``invalid_api_key``
+(docs/reference/common.md#keys);
 only the message differs, to tell a client what to fix.
 """
 
@@ -165,7 +166,7 @@ class AuthService:
     def require_scope(principal: Principal, scope: str) -> None:
         """403 ``insufficient_scope`` unless the key was granted ``scope``.
 
-        The message names no scope: the spec keeps scope names unpublished.
+        The message names no scope (docs/reference/common.md#scopes-and-session-only-routes).
         """
         if scope not in principal.scopes:
             raise PermissionDeniedError(
@@ -176,8 +177,8 @@ class AuthService:
     def require_session(principal: Principal | None = None) -> NoReturn:
         """403 ``session_required``: for credential, org, billing and admin routes.
 
-        Spec section 5.4 reserves those operations for dashboard sessions. The
-        gateway has no browser sessions yet, so every caller reaching such a
+        docs/reference/common.md#scopes-and-session-only-routes reserves those operations for
+        dashboard sessions. The gateway has no browser sessions yet, so every caller reaching such a
         route holds an API key and is refused; when sessions arrive this
         becomes a real check.
         """

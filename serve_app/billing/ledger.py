@@ -30,11 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import exc as sa_exc
-
 from serve_app.billing.records import UsageRecord
 from serve_app.billing.spool import Spool, read_batch
 from serve_app.billing.store import LedgerStore
+from serve_app.storage.db import database_unreachable
 
 logger = logging.getLogger(__name__)
 
@@ -208,11 +207,4 @@ class UsageLedger:
 
 def _unreachable(exc: BaseException) -> bool:
     """The database (not the record) is the problem: retry the whole round later."""
-    transient = (
-        sa_exc.OperationalError,
-        sa_exc.InterfaceError,
-        sa_exc.DisconnectionError,
-        sa_exc.TimeoutError,
-        OSError,
-    )
-    return isinstance(exc, transient)
+    return database_unreachable(exc) or isinstance(exc, OSError)

@@ -6,7 +6,11 @@
   catalog (``spot_multiplier`` beside the list price).
 - external: the list prices as written (the provider's price passed on).
 
-Cached prompt tokens are billed like any prompt token (spec 2.7). Web searches
+A batch line (``serve_app.batches``) is billed at the catalog's price times the
+batch discount (``batches.discount``, default 0.5); the record keeps both the list
+prices and the discount, and names its batch.
+
+Cached prompt tokens are billed like any prompt token (docs/reference/chat.md#usage). Web searches
 and code-interpreter seconds are recorded as quantities; the catalog has no
 unit price for them yet, so they add nothing to ``cost``.
 """
@@ -22,8 +26,8 @@ from serve_app.catalog.config import PricingConfig
 COST_DECIMALS = 10
 
 
-def price_applied(pricing: PricingConfig) -> PriceApplied:
-    """The catalog's price as recorded with each request."""
+def price_applied(pricing: PricingConfig, batch_discount: float | None = None) -> PriceApplied:
+    """The catalog's price as recorded with each request (and a batch line's discount)."""
     return PriceApplied(
         currency=pricing.currency,
         pricing_mode=pricing.mode,
@@ -33,6 +37,7 @@ def price_applied(pricing: PricingConfig) -> PriceApplied:
         per_audio_second=pricing.per_audio_second,
         spot_multiplier=pricing.spot_multiplier if pricing.mode == "spot" else None,
         per_video_second=pricing.per_video_second,
+        batch_discount=batch_discount,
     )
 
 
@@ -52,8 +57,9 @@ def cost_of(
 ) -> float:
     """What ``usage`` costs at ``price``, in ``price.currency``.
 
-    Tool use is added after the spot coefficient: searches and sandbox seconds
-    are not GPU work, so the model class does not scale them.
+    Tool use is added after the spot coefficient and the batch discount: searches
+    and sandbox seconds are not GPU work, so neither the model class nor running on
+    idle capacity scales them.
     """
     amount = (
         usage.prompt_tokens * price.input_per_mtok / 1_000_000
@@ -64,6 +70,8 @@ def cost_of(
     )
     if price.pricing_mode == "spot" and price.spot_multiplier is not None:
         amount *= price.spot_multiplier
+    if price.batch_discount is not None:
+        amount *= price.batch_discount
     amount += usage.web_searches * tools.per_search + usage.code_seconds * tools.per_code_second
     return round(amount, COST_DECIMALS)
 
@@ -81,9 +89,11 @@ def build_record(
     usage: UsageQuantities,
     pricing: PricingConfig,
     tool_prices: ToolPrices = NO_TOOL_PRICES,
+    batch_id: str | None = None,
+    batch_discount: float | None = None,
 ) -> UsageRecord:
-    """A ledger record with the price applied now."""
-    price = price_applied(pricing)
+    """A ledger record with the price applied now (a batch line's: discounted)."""
+    price = price_applied(pricing, batch_discount)
     return UsageRecord(
         request_id=request_id,
         created_at=created_at,
@@ -112,4 +122,6 @@ def build_record(
         cost=cost_of(price, usage, tool_prices),
         video_seconds=usage.video_seconds,
         per_video_second=price.per_video_second,
+        batch_id=batch_id,
+        batch_discount=price.batch_discount,
     )

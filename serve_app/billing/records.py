@@ -46,6 +46,8 @@ class PriceApplied:
     per_audio_second: float | None = None
     spot_multiplier: float | None = None
     per_video_second: float | None = None
+    batch_discount: float | None = None
+    """Set on a batch line's record: the factor its cost was multiplied by."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,9 @@ class UsageRecord:
     # Added with video jobs (migration 4); defaults keep older spool lines readable.
     video_seconds: float = 0.0
     per_video_second: float | None = None
+    # Added with batches (migration 7): the batch a line ran for, and the discount applied.
+    batch_id: str | None = None
+    batch_discount: float | None = None
 
     @property
     def total_tokens(self) -> int:

@@ -41,6 +41,8 @@ class ModelTotals:
     audio_seconds: float
     cost: float
     video_seconds: float = 0.0
+    batch: bool = False
+    """Batch lines' records (billed at the batch discount) are totalled apart."""
 
 
 class LedgerStore:
@@ -102,8 +104,9 @@ class LedgerStore:
             return int(conn.execute(query).scalar() or 0)
 
     def totals(self, user_id: str, since: datetime | None = None) -> list[ModelTotals]:
-        """Per model and currency, ordered by model."""
+        """Per model, currency and live/batch, ordered by model (live first)."""
         c = usage_records.c
+        batch = sa.case((c.batch_id.is_(None), 0), else_=1).label("batch")
 
         def total(column: Any) -> Any:
             return sa.func.coalesce(sa.func.sum(column), 0)
@@ -111,6 +114,7 @@ class LedgerStore:
         query = sa.select(
             c.model,
             c.currency,
+            batch,
             sa.func.count().label("records"),
             *(
                 total(getattr(c, name)).label(name)
@@ -131,7 +135,7 @@ class LedgerStore:
         ).where(c.user_id == user_id)
         if since is not None:
             query = query.where(c.created_at >= since)
-        query = query.group_by(c.model, c.currency).order_by(c.model, c.currency)
+        query = query.group_by(c.model, c.currency, batch).order_by(c.model, c.currency, batch)
         with self._db.connect() as conn:
             rows = conn.execute(query).mappings().all()
         return [_totals(row) for row in rows]
@@ -153,4 +157,5 @@ def _totals(row: Any) -> ModelTotals:
         audio_seconds=float(row["audio_seconds"]),
         cost=float(row["cost"]),
         video_seconds=float(row["video_seconds"]),
+        batch=bool(row["batch"]),
     )

@@ -1,8 +1,8 @@
 """The catalog: lookup by id, visibility per organization, published cards.
 
-The published card is derived from the typed entry so the rules of spec 2.2
-(three names for the context window, spot keys present only when spot is on,
-``supported_parameters`` listing only what the model honours, ``routing`` only
+The published card is derived from the typed entry so the rules of
+docs/reference/models.md#model-card (three names for the context window, spot keys present only when
+spot is on, ``supported_parameters`` listing only what the model honours, ``routing`` only
 on external models) live in one function rather than in every config file.
 """
 
@@ -11,12 +11,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from serve_app.auth.principal import Principal
-from serve_app.catalog.config import CatalogModel, HeadKind
+from serve_app.catalog.config import (
+    AdapterModel,
+    CatalogAdapter,
+    CatalogModel,
+    HeadKind,
+    PricingConfig,
+)
+from serve_app.contract.adapters import AdapterRef, LoraSettings, split_adapter_id
 from serve_app.protocol.errors import InvalidRequestError, PermissionDeniedError, model_not_found
 from serve_app.protocol.models import (
     Architecture,
     ModelCard,
     ModelList,
+    PoolingInfo,
     ReasoningInfo,
     ResidencyRouting,
 )
@@ -43,14 +51,45 @@ ROUTE_FOR_HEAD: dict[HeadKind, str] = {
     "video": "/v1/video/generations",
     "detect": "/v1/detect",
     "parse": "/v1/parse",
+    "pooling": "/v1/embeddings",
 }
+
+POOLING_PARAMETERS = {
+    "embedding": ("encoding_format", "input", "user"),
+    "score": ("documents", "query", "return_documents", "text_1", "text_2", "top_n", "user"),
+}
+"""Parameters of the pooling routes, per output modality (``dimensions`` where it applies)."""
+
+
+def route_for(model: CatalogModel) -> str:
+    """The route that serves ``model`` (a score-only pooling model: /v1/rerank)."""
+    if model.head == "pooling" and "embedding" not in model.output_modalities:
+        return "/v1/rerank"
+    return ROUTE_FOR_HEAD[model.head]
+
+
+def honours_structured_outputs(model: CatalogModel) -> bool:
+    """Whether ``response_format``/``structured_outputs`` (``text.format`` on responses)
+    get grammar-decoded output from this model.
+
+    The catalog entry decides when it says so: a vLLM head decodes with the grammar
+    only once the model's reasoning ends, and a random-weight reasoner never ends it
+    (``qwen3-tiny-reasoning-demo``). Unsaid, every own-fleet vLLM head does (vLLM's
+    serving layer applies the grammar on any model); other backends do not.
+    """
+    if model.structured_outputs is not None:
+        return model.structured_outputs
+    return model.engine.backend == "vllm" and not model.is_external
 
 
 def supported_parameters(model: CatalogModel) -> list[str]:
-    """Only what the model honours (spec 2.2)."""
+    """Only what the model honours (docs/reference/models.md#model-card)."""
+    if model.head == "pooling":
+        return _pooling_parameters(model)
     params = set(_BASE_CHAT_PARAMETERS)
     if not model.reasoning.separate_channel:
-        params.add("stop")  # refused on separate-channel models (spec 4.1)
+        # refused on separate-channel models (docs/reference/chat.md#chat-request)
+        params.add("stop")
     on_vllm = model.engine.backend == "vllm" and not model.is_external
     engine = model.engine.config if on_vllm else {}
     # A vLLM head calls tools only with a tool-call parser (vllm_engine refuses tools
@@ -59,11 +98,19 @@ def supported_parameters(model: CatalogModel) -> list[str]:
         params.update({"tools", "tool_choice", "parallel_tool_calls"})
     if model.reasoning.controllable or model.reasoning.format == "harmony":
         params.add("reasoning_effort")
-    if model.structured_outputs or on_vllm:
-        # vLLM's serving layer decodes json_object/json_schema with a grammar on every model.
+    if honours_structured_outputs(model):
         params.update({"response_format", "structured_outputs"})
     if on_vllm:
         params.update({"logprobs", "top_logprobs"})
+    return sorted(params)
+
+
+def _pooling_parameters(model: CatalogModel) -> list[str]:
+    params: set[str] = set()
+    for modality in model.output_modalities:
+        params.update(POOLING_PARAMETERS.get(modality, ()))
+    if model.pooling is not None and model.pooling.matryoshka_dimensions:
+        params.add("dimensions")
     return sorted(params)
 
 
@@ -106,14 +153,62 @@ def model_card(model: CatalogModel) -> ModelCard:
             if is_chat
             else None
         ),
-        supported_parameters=supported_parameters(model) if is_chat else None,
-        # Spec 2.3: routing and pricing are never published together.
+        supported_parameters=(
+            supported_parameters(model) if is_chat or model.head == "pooling" else None
+        ),
+        pooling=_pooling_info(model),
+        # docs/reference/common.md#external-models: routing and pricing are never published
+        # together.
         pricing=None if model.is_external else _published_prices(model),
         routing=residency_routing(model),
         tier=model.tier,
         notice=model.notice,
         kind=model.kind,
         attribution=model.attribution,
+    )
+
+
+def adapter_card(model: AdapterModel) -> ModelCard:
+    """An adapter's entry: its base's card under the adapter's id, ``parent`` naming the
+    base (docs/reference/adapters.md#models-list)."""
+    card = model_card(model)
+    card.parent = model.base_id
+    card.owned_by = model.owner_org or model.owned_by
+    return card
+
+
+def lora_settings(model: CatalogModel) -> LoraSettings | None:
+    """The ``lora`` settings of an own-fleet chat head that serves adapters, else None."""
+    if model.head != "chat" or model.is_external:
+        return None
+    raw = model.engine.config.get("lora")
+    return None if raw is None else LoraSettings.model_validate(raw)
+
+
+def adapter_pricing(base: PricingConfig, prices: tuple[float, float] | None) -> PricingConfig:
+    """The base model's prices, or the adapter's own (input, output) per million tokens."""
+    if prices is None:
+        return base
+    return base.model_copy(update={"input_per_mtok": prices[0], "output_per_mtok": prices[1]})
+
+
+def _operator_adapter(base: CatalogModel, adapter: CatalogAdapter) -> AdapterModel:
+    model_id = f"{base.id}:{adapter.name}"
+    ref = AdapterRef(key=f"catalog:{model_id}", model_id=model_id, path=adapter.path)
+    own = adapter.pricing
+    prices = None if own is None else (own.input_per_mtok, own.output_per_mtok)
+    return AdapterModel.of(base, ref, adapter_pricing(base.pricing, prices))
+
+
+def _pooling_info(model: CatalogModel) -> PoolingInfo | None:
+    spec = model.pooling
+    if model.head != "pooling" or spec is None:
+        return None
+    return PoolingInfo(
+        dimensions=spec.dimensions,
+        matryoshka_dimensions=spec.matryoshka_dimensions,
+        score=spec.score,
+        truncates=spec.truncates,
     )
 
 
@@ -152,6 +247,24 @@ class Catalog:
     def get(self, model_id: str) -> CatalogModel | None:
         return self._models.get(_strip_spot_suffix(model_id))
 
+    def adapter_base(self, model_id: str) -> CatalogModel | None:
+        """The chat model that ``<base>:<name>`` would adapt, where it serves adapters."""
+        split = split_adapter_id(model_id)
+        base = self._models.get(split[0]) if split is not None else None
+        return base if base is not None and lora_settings(base) is not None else None
+
+    def operator_adapter(self, model_id: str) -> AdapterModel | None:
+        """An adapter the catalog declares (visible to every organization), or None."""
+        base = self.adapter_base(model_id)
+        name = model_id.rpartition(":")[2]
+        for adapter in base.adapters if base is not None else ():
+            if adapter.name == name:
+                return _operator_adapter(base, adapter)  # type: ignore[arg-type]
+        return None
+
+    def operator_adapters(self) -> list[AdapterModel]:
+        return [_operator_adapter(m, a) for m in self._models.values() for a in m.adapters]
+
     def visible_to(self, principal: Principal) -> list[CatalogModel]:
         """External models are listed only to organizations that enabled them."""
         return [
@@ -161,23 +274,29 @@ class Catalog:
         ]
 
     def model_list(self, principal: Principal) -> ModelList:
-        return ModelList(data=[model_card(m) for m in self.visible_to(principal)])
+        """The caller's models, then the catalog's adapters (the org's own are added by
+        ``AdapterService.cards``)."""
+        cards = [model_card(m) for m in self.visible_to(principal)]
+        cards.extend(adapter_card(a) for a in self.operator_adapters())
+        return ModelList(data=cards)
 
     def card_for(self, model_id: str, principal: Principal) -> ModelCard | None:
         """The card of one listed model, or None where ``model_list`` would not show it."""
         model = self.get(model_id)
+        if model is None and (adapter := self.operator_adapter(model_id)) is not None:
+            return adapter_card(adapter)
         if model is None or (model.is_external and not principal.external_providers_enabled):
             return None
         return model_card(model)
 
     def resolve(self, model_id: str, principal: Principal, head: HeadKind) -> CatalogModel:
-        """The model a request may use on a route of ``head`` kind, or the spec's error.
+        """The model a request may use on a route of ``head`` kind, or the API's error.
 
         Order matters: 404 for unknown ids, then 403 for external models of an
-        organization without the flag (before rate limiting, spec 4.1), then
-        400 when another route serves the model.
+        organization without the flag (before rate limiting, docs/reference/chat.md#chat-request),
+        then 400 when another route serves the model.
         """
-        model = self.get(model_id)
+        model = self.get(model_id) or self.operator_adapter(model_id)
         if model is None and self.alias_resolver is not None:
             model = self.alias_resolver(model_id, principal)
         if model is None:
@@ -191,7 +310,7 @@ class Catalog:
             )
         if model.head != head:
             raise InvalidRequestError(
-                f"The model '{model.id}' is not a {head} model; use {ROUTE_FOR_HEAD[model.head]}.",
+                f"The model '{model.id}' is not a {head} model; use {route_for(model)}.",
                 code="model_not_supported_for_endpoint",
                 param="model",
             )
@@ -199,5 +318,6 @@ class Catalog:
 
 
 def _strip_spot_suffix(model_id: str) -> str:
-    """The legacy ``:spot`` suffix is accepted and has no effect (spec 9)."""
+    """The legacy ``:spot`` suffix is accepted and has no effect
+    (docs/reference/common.md#versioning)."""
     return model_id[: -len(":spot")] if model_id.endswith(":spot") else model_id

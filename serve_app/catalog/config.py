@@ -1,4 +1,4 @@
-"""Typed catalog entries as written in ``configs/*.yaml`` (spec 2.2).
+"""Typed catalog entries as written in ``configs/*.yaml`` (docs/reference/models.md#model-card).
 
 One ``CatalogModel`` describes what the gateway publishes about a model
 (``GET /v1/models``), which guardrails apply to it, how it is priced, and how
@@ -12,9 +12,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-HeadKind = Literal["chat", "speech", "transcription", "video", "detect", "parse"]
+from serve_app.contract.adapters import NAME_PATTERN, RESERVED_NAMES, AdapterRef
+
+HeadKind = Literal["chat", "speech", "transcription", "video", "detect", "parse", "pooling"]
 Modality = Literal["text", "image", "audio", "video", "embedding", "score", "json"]
 ReasoningFormat = Literal["none", "think_tags", "harmony"]
+ScoreKind = Literal["bi-encoder", "cross-encoder"]
 DEMO_TIER = "demo"
 """Tier of random-weight stand-ins: they run the real code path, their output means nothing."""
 
@@ -44,6 +47,33 @@ class ReasoningConfig(_Strict):
             "none; think_tags (<think>...</think> split by the engine); harmony "
             "(reads reasoning_effort grades: low, medium, high)."
         ),
+    )
+
+
+class PoolingSpec(_Strict):
+    """What a pooling model (``head: pooling``) gives: vectors, scores, or both."""
+
+    dimensions: int | None = Field(
+        default=None,
+        ge=1,
+        description="Length of the vectors /v1/embeddings returns; required with the "
+        "'embedding' output modality.",
+    )
+    matryoshka_dimensions: list[int] | None = Field(
+        default=None,
+        description="Shorter lengths the model was trained to be cut to (Matryoshka); the "
+        "request's `dimensions` must be one of them. None: `dimensions` is refused.",
+    )
+    score: ScoreKind | None = Field(
+        default=None,
+        description="How /v1/score and /v1/rerank score a pair: bi-encoder (the cosine of "
+        "the two normalised embeddings) or cross-encoder (the pair read together); "
+        "required with the 'score' output modality.",
+    )
+    truncates: bool = Field(
+        default=False,
+        description="Inputs longer than context_length are cut to it (the engine's "
+        "`truncate: true`) instead of refused with 400 context_length_exceeded.",
     )
 
 
@@ -127,6 +157,28 @@ class DeploymentSpec(_Strict):
     )
 
 
+class AdapterPricing(_Strict):
+    """An adapter's own prices (per million tokens, in the base model's currency)."""
+
+    input_per_mtok: float = Field(ge=0)
+    output_per_mtok: float = Field(ge=0)
+
+
+class CatalogAdapter(_Strict):
+    """An operator's LoRA adapter on a chat model, usable by every organization as
+    ``<model id>:<name>`` (docs/reference/adapters.md#operator-adapters)."""
+
+    name: str = Field(pattern=NAME_PATTERN.pattern, description="The id's part after ':'.")
+    path: str = Field(
+        description="The adapter's folder on the head's host (adapter_config.json + "
+        "adapter_model.safetensors), or 'prepared:<name>' for one built here."
+    )
+    description: str | None = None
+    pricing: AdapterPricing | None = Field(
+        default=None, description="Own prices; None: the base model's."
+    )
+
+
 class CatalogModel(_Strict):
     """One model of the catalog."""
 
@@ -154,7 +206,12 @@ class CatalogModel(_Strict):
     native_tool_calling: bool = Field(
         default=False, description="Tool calls can be extracted (lists tools/tool_choice)."
     )
-    structured_outputs: bool = Field(default=False, description="Grammar-backed decoding holds.")
+    structured_outputs: bool | None = Field(
+        default=None,
+        description="Grammar-backed decoding (response_format, text.format) holds; unset: "
+        "derived (own-fleet vLLM heads yes, others no). False where the model cannot "
+        "deliver it (a reasoner whose reasoning never ends).",
+    )
     reasoning: ReasoningConfig = Field(default_factory=ReasoningConfig)
     pricing: PricingConfig = Field(default_factory=PricingConfig)
     external: ExternalProvider | None = Field(
@@ -171,9 +228,16 @@ class CatalogModel(_Strict):
     )
     kind: str | None = None
     attribution: str | None = None
+    pooling: PoolingSpec | None = Field(
+        default=None, description="Pooling models (head: pooling): vector size and score kind."
+    )
     dedicated_eligible: bool = Field(default=True, description="May back a dedicated endpoint.")
     engine: EngineSpec = Field(default_factory=EngineSpec)
     deployment: DeploymentSpec = Field(default_factory=DeploymentSpec)
+    adapters: list[CatalogAdapter] = Field(
+        default_factory=list,
+        description="Operator LoRA adapters (chat heads whose engine config has `lora`).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> CatalogModel:
@@ -185,13 +249,91 @@ class CatalogModel(_Strict):
             raise ValueError(f"{self.id}: max_images_per_request without image input")
         if self.tier == DEMO_TIER and not self.notice:
             raise ValueError(f"{self.id}: tier 'demo' needs a notice saying what really runs")
+        if self.head == "pooling":
+            self._pooling_consistent()
+        if self.adapters:
+            self._adapters_consistent()
         return self
+
+    def _adapters_consistent(self) -> None:
+        if self.head != "chat" or self.is_external or self.engine.config.get("lora") is None:
+            raise ValueError(f"{self.id}: adapters need a chat head with engine.config.lora")
+        names = [a.name for a in self.adapters]
+        if len(set(names)) != len(names) or RESERVED_NAMES & set(names):
+            raise ValueError(f"{self.id}: adapter names must be unique and not {RESERVED_NAMES}")
+
+    def _pooling_consistent(self) -> None:
+        spec = self.pooling
+        outputs = set(self.output_modalities)
+        if spec is None or self.context_length is None:
+            raise ValueError(f"{self.id}: pooling models need `pooling` and context_length")
+        if self.external is not None:
+            raise ValueError(f"{self.id}: external pooling models are not supported yet")
+        if not outputs or not outputs <= {"embedding", "score"}:
+            raise ValueError(f"{self.id}: pooling models output 'embedding' and/or 'score'")
+        if "embedding" in outputs and spec.dimensions is None:
+            raise ValueError(f"{self.id}: the 'embedding' output needs pooling.dimensions")
+        if "score" in outputs and spec.score is None:
+            raise ValueError(f"{self.id}: the 'score' output needs pooling.score")
+        bound = spec.dimensions or 0
+        if any(not 1 <= d <= bound for d in spec.matryoshka_dimensions or []):
+            raise ValueError(f"{self.id}: matryoshka_dimensions must lie in 1..dimensions")
+        if self.engine.backend == "vllm" and bool(self.engine.config.get("truncate")) != (
+            spec.truncates
+        ):
+            raise ValueError(f"{self.id}: pooling.truncates must equal engine.config.truncate")
 
     @property
     def is_external(self) -> bool:
         return self.external is not None
 
+    @property
+    def head_id(self) -> str:
+        """The catalog id of the head that serves this model (an adapter's: its base's)."""
+        return self.id
+
+    @property
+    def adapter_ref(self) -> AdapterRef | None:
+        """The adapter a request for this model generates with (``AdapterModel``)."""
+        return None
+
     def deployment_name(self) -> str:
         """Ray Serve deployment name, shown on the dashboard."""
         safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in self.id)
         return f"{self.head}-{safe}"
+
+
+class AdapterModel(CatalogModel):
+    """A resolved ``<base>:<adapter>`` id: the base model's entry under the adapter's id.
+
+    Built per request by the gateway (never written in a config), so metering, limits and
+    answers see the adapter's id while the request goes to the base model's head.
+    """
+
+    base_id: str
+    ref: AdapterRef
+    owner_org: str | None = None
+    """The organization that uploaded it; None for an operator adapter."""
+
+    @property
+    def head_id(self) -> str:
+        return self.base_id
+
+    @property
+    def adapter_ref(self) -> AdapterRef | None:
+        return self.ref
+
+    @classmethod
+    def of(
+        cls,
+        base: CatalogModel,
+        ref: AdapterRef,
+        pricing: PricingConfig | None = None,
+        owner_org: str | None = None,
+    ) -> AdapterModel:
+        """``base`` under the adapter's id (its prices, or ``pricing``), not re-validated."""
+        values = {name: getattr(base, name) for name in CatalogModel.model_fields}
+        values.update(id=ref.model_id, adapters=[])
+        if pricing is not None:
+            values["pricing"] = pricing
+        return cls.model_construct(**values, base_id=base.id, ref=ref, owner_org=owner_org)

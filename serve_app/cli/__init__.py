@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
+from serve_app.cli.errors import CommandError
 from serve_app.protocol.errors import GatewayError
 from serve_app.settings import GatewaySettings
 
@@ -37,11 +38,9 @@ COMMAND_MODULES: tuple[str, ...] = (
 Handler = Callable[[argparse.Namespace, GatewaySettings], int]
 """A leaf command: parsed arguments and settings in, exit status out."""
 
+__all__ = ["COMMAND_MODULES", "CommandError", "Handler", "build_parser", "main"]
+
 logger = logging.getLogger(__name__)
-
-
-class CommandError(Exception):
-    """A failure the user can fix; ``main`` prints it without a traceback."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,7 +18,7 @@ from typing import Any
 from serve_app.auth.accounts import AccountStore, OrgRecord, UserRecord
 from serve_app.auth.epoch import RedisEpochPublisher
 from serve_app.auth.principal import ALL_SCOPES, ROLES
-from serve_app.cli import CommandError
+from serve_app.cli.errors import CommandError
 from serve_app.settings import GatewaySettings
 from serve_app.storage.db import Database
 

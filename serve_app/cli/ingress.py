@@ -28,7 +28,7 @@ import time
 
 import httpx
 
-from serve_app.cli import CommandError
+from serve_app.cli.errors import CommandError
 
 MODES = ("direct", "proxy")
 PORT_SPAN = 64

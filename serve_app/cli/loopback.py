@@ -1,8 +1,8 @@
 """The stand-in external provider of ``make run``: the gateway's own ``/v1`` on loopback.
 
-External models (spec 2.2 ``routing``, the 403 ``external_providers_disabled``
-rule, ``pricing.mode: external``) need an OpenAI-compatible upstream and a key
-for it. These machines reach no real provider, so the local catalog declares
+External models (docs/reference/models.md#model-card ``routing``, the 403
+``external_providers_disabled`` rule, ``pricing.mode: external``) need an OpenAI-compatible upstream
+and a key for it. These machines reach no real provider, so the local catalog declares
 ``loopback/smollm2-135m-instruct``: an external model whose upstream is this
 very gateway, calling its own ``smollm2-135m-instruct``. Every external code
 path (upstream request translation, SSE relay, upstream error mapping, the

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from serve_app.cli import CommandError
+from serve_app.cli.errors import CommandError
 from serve_app.settings import GatewaySettings
 from serve_app.tools.local_pages import Document, PageError, check_base_url, load_documents
 from serve_app.tools.local_search import LocalSearchIndex, default_index_path
@@ -28,6 +28,21 @@ _SubParsers = Any  # argparse's _SubParsersAction is private and generic
 
 
 def register(subparsers: _SubParsers) -> None:
+    search = subparsers.add_parser(
+        "search",
+        help="the local web_search index: add pages, try queries, show its size",
+        description="Manage the SQLite FTS5 index that web_search reads when the Serve config "
+        "sets tools.web_search.provider: local (no internet needed).",
+    )
+    commands = search.add_subparsers(title="commands", dest="search_command", required=True)
+    where = _where_options()
+    _add_index(commands, where)
+    _add_query(commands, where)
+    _add_stats_and_remove(commands, where)
+
+
+def _where_options() -> argparse.ArgumentParser:
+    """The options every command shares: which index file."""
     where = argparse.ArgumentParser(add_help=False)
     where.add_argument(
         "--index",
@@ -45,15 +60,10 @@ def register(subparsers: _SubParsers) -> None:
         help="gateway state folder (default: $GATEWAY_STATE_DIR or "
         "~/.local/share/inference-gateway)",
     )
+    return where
 
-    search = subparsers.add_parser(
-        "search",
-        help="the local web_search index: add pages, try queries, show its size",
-        description="Manage the SQLite FTS5 index that web_search reads when the Serve config "
-        "sets tools.web_search.provider: local (no internet needed).",
-    )
-    commands = search.add_subparsers(title="commands", dest="search_command", required=True)
 
+def _add_index(commands: _SubParsers, where: argparse.ArgumentParser) -> None:
     index = commands.add_parser(
         "index",
         parents=[where],
@@ -88,6 +98,8 @@ def register(subparsers: _SubParsers) -> None:
     index.add_argument("-q", "--quiet", action="store_true", help="no line per page")
     index.set_defaults(handler=_index_errors(_index))
 
+
+def _add_query(commands: _SubParsers, where: argparse.ArgumentParser) -> None:
     query = commands.add_parser(
         "query",
         parents=[where],
@@ -101,6 +113,8 @@ def register(subparsers: _SubParsers) -> None:
     )
     query.set_defaults(handler=_index_errors(_query))
 
+
+def _add_stats_and_remove(commands: _SubParsers, where: argparse.ArgumentParser) -> None:
     stats = commands.add_parser(
         "stats",
         parents=[where],

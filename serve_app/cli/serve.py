@@ -15,6 +15,7 @@ import argparse
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -22,15 +23,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from deployments.models.reference import is_tiny, prepared_name
 from serve_app.catalog.config import CatalogModel
-from serve_app.cli import CommandError, ingress, loopback
-from serve_app.config import REPO_ROOT, GatewayAppArgs
+from serve_app.cli import ingress, loopback
+from serve_app.cli.errors import CommandError
+from serve_app.cli.serve_config import load_serve_config
+from serve_app.config import GatewayAppArgs
 from serve_app.settings import GatewaySettings
 
 _SubParsers = Any
-PREPARED_PREFIX = "prepared:"
 LOCAL_CAPACITY_RESOURCES = {"capacity_reserved": 1.0, "capacity_spot": 1.0}
 SERVE_LOOP_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
 """Replicas run their code on Ray Serve's own event loop, not a second loop in a thread.
@@ -123,7 +124,7 @@ def register(subparsers: _SubParsers) -> None:
 
 
 def _prepare(args: argparse.Namespace, settings: GatewaySettings) -> int:
-    from deployments.engines.model_prep import ensure_model
+    from deployments.models.prepared_models import ensure_model
 
     _progress_logging()
     path = ensure_model(args.name, settings.resolved_models_dir() / args.name)
@@ -139,18 +140,6 @@ def _progress_logging() -> None:
         logging.basicConfig(stream=sys.stderr)
 
 
-def load_serve_config(path: str) -> dict[str, Any]:
-    config_path = Path(path)
-    if not config_path.is_absolute() and not config_path.exists():
-        config_path = REPO_ROOT / config_path
-    if not config_path.exists():
-        raise CommandError(f"no such config file: {path}")
-    data = yaml.safe_load(config_path.read_text()) or {}
-    if not data.get("applications"):
-        raise CommandError(f"{path} has no applications")
-    return dict(data)
-
-
 def _catalog_models(serve_config: dict[str, Any]) -> Iterator[CatalogModel]:
     """Every catalog model of the config's gateway applications."""
     for app in serve_config["applications"]:
@@ -159,12 +148,15 @@ def _catalog_models(serve_config: dict[str, Any]) -> Iterator[CatalogModel]:
 
 
 def prepared_models(serve_config: dict[str, Any]) -> list[str]:
-    """Names of packaged models (``model: prepared:NAME``) the config's heads load."""
+    """Names of packaged models (``model: prepared:NAME``) the config's heads load, and of
+    packaged LoRA adapters (an operator adapter's ``path: prepared:NAME``)."""
     names: set[str] = set()
     for model in _catalog_models(serve_config):
-        ref = str(model.engine.config.get("model", ""))
-        if ref.startswith(PREPARED_PREFIX) and not model.is_external:
-            names.add(ref[len(PREPARED_PREFIX) :])
+        refs = [str(model.engine.config.get("model", "")), *(a.path for a in model.adapters)]
+        for ref in refs:
+            name = prepared_name(ref)
+            if name is not None and not model.is_external:
+                names.add(name)
     return sorted(names)
 
 
@@ -172,32 +164,46 @@ def first_answer_model(serve_config: dict[str, Any]) -> str | None:
     """The prepared model of the config's first chat head: the one ``gateway run``
     prepares before anything starts, so a new user's first answer waits for it alone."""
     for model in _catalog_models(serve_config):
-        ref = str(model.engine.config.get("model", ""))
-        if model.head == "chat" and ref.startswith(PREPARED_PREFIX) and not model.is_external:
-            return ref[len(PREPARED_PREFIX) :]
+        name = prepared_name(str(model.engine.config.get("model", "")))
+        if model.head == "chat" and name is not None and not model.is_external:
+            return name
     return None
 
 
-def _prepare_in_background(names: list[str], models_dir: Path) -> threading.Thread:
-    """Prepare ``names`` one by one beside Ray's start, with progress on stderr.
+def _prepare_in_background(
+    names: list[str], videos: list[tuple[str, str | None]], models_dir: Path
+) -> threading.Thread:
+    """Prepare ``names``, then build the tiny ``videos``, one by one beside Ray's start,
+    with progress on stderr.
 
     Their heads are deployed meanwhile; a head whose folder is not ready waits on the
     same per-model file lock inside its replica (``model_prep``), so nothing is built
     twice, and until it is up the gateway answers its model 503 ``model_warming`` with
-    ``Retry-After``.
+    ``Retry-After``. The video builds once ran in the foreground and held the first
+    answer of a fresh clone back by ~25 s.
     """
 
     def run() -> None:
-        from deployments.engines.model_prep import ensure_model
+        from deployments.models.model_prep import in_child
+        from deployments.models.prepared_models import prepare_in_child
+        from deployments.models.resolve import resolve_model
 
         for name in names:
             _step(f"preparing model {name} in the background (503 model_warming until ready)")
             try:
-                ensure_model(name, models_dir / name)
+                prepare_in_child(name, models_dir / name)
             except Exception as exc:  # the head retries it and reports its own failure
                 _step(f"could not prepare {name}: {exc}")
                 continue
             _step(f"model {name} prepared")
+        for ref, video_dir in videos:
+            _step(f"preparing video model {ref} in the background")
+            try:
+                in_child(resolve_model, ref, Path(video_dir) if video_dir else models_dir)
+            except Exception as exc:  # the video head builds it itself and reports a failure
+                _step(f"could not prepare {ref}: {exc}")
+                continue
+            _step(f"video model {ref} prepared")
 
     thread = threading.Thread(target=run, name="prepare-models", daemon=True)
     thread.start()
@@ -209,7 +215,7 @@ def tiny_video_models(serve_config: dict[str, Any]) -> list[tuple[str, str | Non
     found: set[tuple[str, str | None]] = set()
     for model in _catalog_models(serve_config):
         ref = str(model.engine.config.get("model", ""))
-        if model.head == "video" and ref.startswith("tiny:"):
+        if model.head == "video" and is_tiny(ref):
             found.add((ref, model.engine.config.get("models_dir")))
     return sorted(found, key=lambda item: (item[0], item[1] or ""))
 
@@ -231,8 +237,7 @@ def _run(args: argparse.Namespace, settings: GatewaySettings) -> int:
     serve_config = load_serve_config(args.config)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    if not args.skip_check:
-        _preflight(serve_config, settings, args.config)
+    check = None if args.skip_check else Preflight(args.config)
     # In seconds, not after minutes of model preparation (the port stays unbound until
     # Serve binds it, so another process could still take it meanwhile: rare, and then
     # Serve, or the wait for the gateway replica below, says so).
@@ -241,16 +246,11 @@ def _run(args: argparse.Namespace, settings: GatewaySettings) -> int:
     first = first_answer_model(serve_config)
     if first is not None:
         _step(f"preparing model {first} (the first chat head; the others follow in the background)")
-        from deployments.engines.model_prep import ensure_model
+        from deployments.models.prepared_models import prepare_in_child
 
-        ensure_model(first, models_dir / first)
+        prepare_in_child(first, models_dir / first)
     later = [name for name in prepared_models(serve_config) if name != first]
-    for ref, video_dir in tiny_video_models(serve_config):
-        # Built here, in the foreground, so its progress shows (a head would build it silently).
-        _step(f"preparing video model {ref}")
-        from deployments.engines.tiny_video_model import resolve_tiny_video
-
-        resolve_tiny_video(ref, Path(video_dir) if video_dir else models_dir)
+    videos = tiny_video_models(serve_config)
     _step(f"database: {settings.resolved_database_url().split('@')[-1]}")
     from serve_app.storage.db import Database
 
@@ -260,43 +260,120 @@ def _run(args: argparse.Namespace, settings: GatewaySettings) -> int:
         _step(f"external stand-in: {loopback.LOOPBACK_ACCOUNT} on this gateway's own /v1")
         loopback.prepare_loopback_provider(settings, args.host, args.port)
     stop = threading.Event()
-    if later:
-        _prepare_in_background(later, models_dir)
+    if later or videos:
+        _prepare_in_background(later, videos, models_dir)
     _start_ray(args)
     # After ray.init: Ray installs a native SIGTERM handler that aborts the
     # process; ours replaces it so SIGTERM, like Ctrl-C, shuts down cleanly.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        _deploy(serve_config, args)
-        if args.ingress == "direct":
-            ingress.wait_listening(args.host, args.port, DIRECT_LISTEN_TIMEOUT_S)
+        _serve_checked(serve_config, args, check)
         _step(f"gateway ready on http://{args.host}:{args.port}/v1 (Ctrl-C stops)")
         if args.dashboard:
             _step(f"Ray dashboard on http://127.0.0.1:{args.dashboard_port}")
         _step("mint a key with: .venv/bin/gateway keys create --user me --org me")
-        while not stop.wait(1.0):
-            pass
+        watch = HeadWatch(serve_config)
+        while not stop.wait(HEAD_WATCH_S):
+            watch.report()
         _step("stopping Serve and Ray")
     finally:
         _stop_ray()
     return 0
 
 
-def _preflight(serve_config: dict[str, Any], settings: GatewaySettings, name: str) -> None:
-    """``gateway check`` before Ray starts: a broken config stops here, in seconds."""
-    from serve_app.cli.check import hub_access_allowed, report, run_checks
+def _serve_checked(
+    serve_config: dict[str, Any], args: argparse.Namespace, check: Preflight | None
+) -> None:
+    """Deploy and wait for the port; a failed check's report beats Serve's own error."""
+    try:
+        _deploy(serve_config, args)
+        if args.ingress == "direct":
+            ingress.wait_listening(args.host, args.port, DIRECT_LISTEN_TIMEOUT_S)
+    except Exception:
+        if check is not None:
+            check.require_ok()
+        raise
+    if check is not None:
+        check.require_ok()
 
-    _step(f"checking {name} (backends, engine settings, model sources, services)")
-    problems = run_checks(serve_config, settings, hub_allowed=hub_access_allowed())
-    if report(problems, name) != 0:
-        raise CommandError(
-            f"{len(problems)} problem(s) above; fix them (or start with --skip-check)"
+
+HEAD_WATCH_S = 5.0
+"""How often ``gateway run`` reads Serve's status to report heads that woke or fell asleep."""
+
+
+class HeadWatch:
+    """Prints each head's condition when it changes: awake, asleep, waking or failed."""
+
+    def __init__(self, serve_config: dict[str, Any]) -> None:
+        from serve_app.inference.readiness import serve_status_source
+
+        self._sources = [
+            serve_status_source(app.get("name", "default"), _head_deployments(app))
+            for app in serve_config["applications"]
+            if str(app.get("import_path", "")).startswith("serve_app.builders")
+        ]
+        self._seen: dict[str, str] = {}
+
+    def report(self) -> None:
+        from serve_app.inference.readiness import describe
+
+        try:
+            states = {k: v for source in self._sources for k, v in source().items()}
+        except Exception as exc:  # Serve stopping, or busy: try again next round
+            logger.debug("could not read Serve status: %s", exc)
+            return
+        changed = {m: describe(s) for m, s in states.items() if self._seen.get(m) != describe(s)}
+        if changed:
+            _step("heads: " + "; ".join(f"{m} {word}" for m, word in sorted(changed.items())))
+            self._seen.update(changed)
+
+
+def _head_deployments(app: dict[str, Any]) -> dict[str, str]:
+    """Model id -> its head's deployment name, for the catalog models that have a head."""
+    catalog = GatewayAppArgs.model_validate(app.get("args") or {}).catalog
+    return {m.id: m.deployment_name() for m in catalog if not m.is_external}
+
+
+class Preflight:
+    """``gateway check`` on the config, in a child process beside the start.
+
+    The check imports every backend the config names (vLLM, diffusers, ONNX runtimes):
+    ~20 s on two idle cores, 80 s under load. Run first, it delayed every start, the
+    first answer included, and its imports stayed in this process's memory. Beside the
+    start it costs neither; a config it finds broken still stops ``gateway run`` with
+    its report, before "gateway ready" is announced.
+    """
+
+    def __init__(self, config: str) -> None:
+        _step(f"checking {config} beside the start (backends, engine settings, services)")
+        self._config = config
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "serve_app.cli", "check", "--config", config],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
+
+    def require_ok(self) -> None:
+        """Wait for the check; raise with its report when it found a problem."""
+        output, _ = self._process.communicate()
+        report = output.decode(errors="replace").strip()
+        if self._process.returncode != 0:
+            sys.stderr.write(report + "\n")
+            raise CommandError(
+                f"gateway check found problems in {self._config} (above); fix them "
+                "(or start with --skip-check)"
+            )
+        _step(f"check of {self._config}: OK")
+
+
+_LAUNCHED = time.monotonic()
 
 
 def _step(message: str) -> None:
-    sys.stderr.write(f"==> {message}\n")  # one write: the background preparer prints too
+    """A progress line with the seconds since launch, so a slow start shows where time went."""
+    elapsed = time.monotonic() - _LAUNCHED
+    sys.stderr.write(f"==> [{elapsed:5.1f} s] {message}\n")  # one write: the preparer prints too
     sys.stderr.flush()
 
 

@@ -6,7 +6,8 @@ last moments of traffic may not be counted yet.
 
 Every billed quantity has a column, not only tokens: a user of the speech,
 detect/parse, video or server-tool routes is billed in seconds, images and
-searches, and a read-out without them would not explain the cost.
+searches, and a read-out without them would not explain the cost. Batch lines
+(billed at the batch discount) get their own row per model, ``MODEL (batch)``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from serve_app.auth.accounts import AccountStore
 from serve_app.billing.store import LedgerStore, ModelTotals
-from serve_app.cli import CommandError
+from serve_app.cli.errors import CommandError
 from serve_app.settings import GatewaySettings
 from serve_app.storage.db import Database
 
@@ -65,8 +66,9 @@ def register(subparsers: _SubParsers) -> None:
         description="Print one user's totals per model from the usage ledger: requests "
         "(n choices count as n), prompt/completion/cached/reasoning tokens, web searches, "
         "code-interpreter seconds, images, audio and video seconds, and the cost at the "
-        "prices applied when each request ran. Records reach the database within the "
-        "ledger's flush interval (1 s by default).",
+        "prices applied when each request ran; batch lines, billed at the batch "
+        "discount, in rows of their own (MODEL (batch)). Records reach the database within "
+        "the ledger's flush interval (1 s by default).",
     )
     parser.add_argument("--user", required=True, metavar="USER", help="user name (or user id)")
     parser.add_argument(
@@ -95,7 +97,7 @@ def _usage(args: argparse.Namespace, settings: GatewaySettings) -> int:
         print(f"No usage recorded for user {args.user!r}{since}.")
         return 0
     print(f"Usage of user {args.user!r}{since}:")
-    rows = [_row(t.model, [t], t.currency) for t in totals]
+    rows = [_row(f"{t.model} (batch)" if t.batch else t.model, [t], t.currency) for t in totals]
     for currency in sorted({t.currency for t in totals}):
         rows.append(_row("TOTAL", [t for t in totals if t.currency == currency], currency))
     header = ["MODEL", *(name for name, _ in _COLUMNS), "COST"]

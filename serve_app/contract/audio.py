@@ -6,7 +6,7 @@ with its result or one ``HeadFailure`` (never by raising), so a caller mistake
 found inside the head (a corrupt file, an unknown voice) keeps its 400 instead
 of arriving as Ray's generic task error.
 
-The spec's voice list and ``sniff_container`` are here too: the gateway
+The API's voice list and ``sniff_container`` are here too: the gateway
 validates and sniffs a request before any head is asked, and the heads apply the
 same rules, without either side loading numpy, PyAV or a model runtime.
 """
@@ -19,20 +19,22 @@ from typing import Literal
 from serve_app.contract.errors import HeadFailure
 
 SPEC_VOICES: tuple[str, ...] = ("tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe")
-"""The voices of spec 4.4; every speech backend maps each of them to a real voice."""
+"""The voices of docs/reference/audio.md#speech; every speech backend maps each of them to a real
+voice."""
 
 DEFAULT_VOICE = "tara"
 
 AudioContainer = Literal["wav", "mp3", "mp4", "flac", "ogg"]
-"""Containers of spec 4.5, named as FFmpeg's demuxers (``mp4`` covers M4A)."""
+"""Containers of docs/reference/audio.md#transcriptions, named as FFmpeg's demuxers (``mp4`` covers
+M4A)."""
 
 
 def sniff_container(head: bytes) -> AudioContainer | None:
     """The container the first bytes of a file announce, or None.
 
-    The declared content type and file name are never trusted (spec 4.5): the
-    decoder is then forced to this container, so FFmpeg never probes other
-    demuxers (playlists, image sequences) on caller-supplied bytes.
+    The declared content type and file name are never trusted
+    (docs/reference/audio.md#transcriptions): the decoder is then forced to this container, so
+    FFmpeg never probes other demuxers (playlists, image sequences) on caller-supplied bytes.
     """
     if len(head) >= 12 and head[:4] in (b"RIFF", b"RF64") and head[8:12] == b"WAVE":
         return "wav"
@@ -82,7 +84,7 @@ class SpeechHeadResult:
     wav: bytes
     seconds: float
     voice: str
-    """The backend voice that rendered the spec voice."""
+    """The backend voice that rendered the requested voice."""
 
 
 @dataclass

@@ -32,7 +32,8 @@ def too_many_pixels(width: int | None, height: int | None, limit: int) -> Invali
 
 
 ParseField = Literal["text", "table", "tables", "output"]
-"""Spec 2.12: a parse result carries exactly one of these, fixed per head."""
+"""docs/reference/documents.md#parse: a parse result carries exactly one of these, fixed per
+head."""
 
 Box = list[float]
 

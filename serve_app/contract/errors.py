@@ -1,4 +1,4 @@
-"""The one error vocabulary of the gateway (spec section 2.1 and 7).
+"""The one error vocabulary of the gateway (docs/reference/common.md).
 
 Every layer raises a ``GatewayError`` (or a subclass) and exactly one mapper in
 ``serve_app.ingress.errors`` turns it into the JSON envelope. Keeping status,
@@ -96,7 +96,7 @@ def _rebuild(
 
 
 class InvalidRequestError(GatewayError):
-    """400: the request breaks a rule of the spec."""
+    """400: the request breaks a rule of the API (docs/reference/common.md#error-codes)."""
 
     status_code = 400
     error_type = "invalid_request_error"
@@ -247,7 +247,8 @@ def video_jobs_quota_exceeded(cap: int, retry_after_s: int) -> RateLimitError:
 
 
 def video_job_not_found(job_id: str) -> NotFoundError:
-    """404 for a job that does not exist and for another user's job alike (spec 4.8)."""
+    """404 for a job that does not exist and for another user's job alike
+    (docs/reference/video.md#read-a-job)."""
     shown = job_id if len(job_id) <= 64 else f"{job_id[:64]}..."
     return NotFoundError(
         f"No video generation job found with id '{shown}'.",

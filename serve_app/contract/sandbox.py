@@ -59,7 +59,8 @@ class RunnerReply:
 
 
 class CodeInterpreterOptions(BaseModel):
-    """The bubblewrap sandbox of ``code_interpreter`` (spec 8: code run limits)."""
+    """The bubblewrap sandbox of ``code_interpreter`` (docs/reference/common.md#limits: code run
+    limits)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -86,7 +87,7 @@ class CodeInterpreterOptions(BaseModel):
         default=64 * 1024, ge=1024, description="stdout/stderr kept per run (rest dropped)."
     )
     price_per_second: float = Field(
-        default=0.0, ge=0, description="Billed per second of sandbox wall time (spec 4.1 rule 6)."
+        default=0.0, ge=0, description="Billed per second of sandbox wall time."
     )
     uid_base: int = Field(
         default=200_000,

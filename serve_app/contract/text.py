@@ -9,7 +9,7 @@ when the engine breaks mid-stream.
 The request side (``SamplingSpec``, ``PromptSpec``) is what the gateway builds
 after validation; the result side (``TextDelta``, ``ToolCallDelta``,
 ``GenerationDone``) is also what every ``TextEngine`` yields
-(``deployments.engines.base`` states the streaming rules engines follow).
+(``deployments.text.base`` states the streaming rules engines follow).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from serve_app.contract.adapters import AdapterRef
 from serve_app.contract.errors import HeadFailure
 
 PromptKind = Literal["chat", "completion"]
@@ -36,7 +37,8 @@ class SamplingSpec:
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    """Unknown request fields relayed as given (spec 4.1: relayed to the engine)."""
+    """Unknown request fields relayed as given (docs/reference/chat.md#chat-request: relayed to the
+    engine)."""
 
 
 @dataclass
@@ -51,6 +53,9 @@ class PromptSpec:
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    adapter: str | None = None
+    """Set by the head, never the gateway: the LoRA adapter (its ``<base>:<name>`` id, as
+    loaded into the engine) to generate with; None: the base model."""
 
 
 @dataclass
@@ -131,7 +136,7 @@ class GenerationDone:
         """Fold another generation's accounting into this one (prompts, turns).
 
         Optional counts stay ``None`` until some part reports them, so a total
-        never shows a made-up 0 (spec 2.7).
+        never shows a made-up 0 (docs/reference/chat.md#usage).
         """
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
@@ -160,6 +165,8 @@ class HeadRequest:
     stream: bool = True
     """False: the head may answer with one whole result per choice instead of a token
     stream (a non-streamed call without server tools: nothing to relay early)."""
+    adapter: AdapterRef | None = None
+    """The LoRA adapter to generate with (docs/reference/adapters.md); None: the base model."""
 
 
 @dataclass

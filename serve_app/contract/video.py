@@ -1,9 +1,9 @@
-"""What the gateway and the video heads agree on: the spec's bounds, a job's request,
+"""What the gateway and the video heads agree on: the API's bounds, a job's request,
 and the job and object store operations a head's worker performs.
 
 A video job crosses no DeploymentHandle: the gateway writes it to the database
-and a head's worker claims it there (``deployments.video_head``). Both sides
-still share the spec's bounds (the gateway validates against them, engines are
+and a head's worker claims it there (``deployments.video.head``). Both sides
+still share the API's bounds (the gateway validates against them, engines are
 configured within them), ``round_num_frames`` (the gateway stores the rounded
 count), and ``VideoRequest`` (what a stored job asks for).
 
@@ -27,7 +27,8 @@ MAX_NUM_FRAMES = 161
 MAX_INFERENCE_STEPS = 50
 MIN_FPS, MAX_FPS = 8, 30
 FRAME_BLOCK = 8
-"""Spec 4.6: ``num_frames`` is a multiple of 8 plus 1 (LTX-Video's latent frames)."""
+"""docs/reference/video.md#create-a-job: ``num_frames`` is a multiple of 8 plus 1 (LTX-Video's
+latent frames)."""
 
 
 def round_num_frames(requested: int) -> int:
@@ -35,7 +36,7 @@ def round_num_frames(requested: int) -> int:
 
     Nearest (not always up) so that a value already close to a valid count
     changes the least; 161 is itself ``8 * 20 + 1``, so no accepted request is
-    ever rounded above the spec's maximum.
+    ever rounded above the API's maximum (docs/reference/video.md#create-a-job).
     """
     k = math.floor((max(1, requested) - 1) / FRAME_BLOCK + 0.5)
     return min(MAX_NUM_FRAMES, FRAME_BLOCK * k + 1)

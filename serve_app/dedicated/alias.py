@@ -1,8 +1,8 @@
 """Names of dedicated endpoints: the ``ded/<slug>`` alias and the Serve app it runs as.
 
 Kept free of every other gateway import so any route (the responses route
-refuses aliases, spec 4.3) can ask ``is_dedicated_alias`` without pulling in
-the dedicated machinery.
+refuses aliases, docs/reference/responses.md#request) can ask ``is_dedicated_alias`` without pulling
+in the dedicated machinery.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The ``dedicated:`` section of the gateway args (typed, ``extra="forbid"``).
 
-Everything the spec leaves to the operator lives here: the rate card, the
+Everything the API leaves to the operator lives here: the rate card, the
 ineligible models, the scaling presets, the replica caps, the org quota, the
 shared redeploy cooldown, the monthly spending cap, and how each catalog model
 is offered for dedicated use (card, cards per replica, admission bound,
@@ -133,7 +133,8 @@ def _default_capacity_resources() -> dict[CapacityClass, str]:
 
 
 class DedicatedOptions(_Strict):
-    """Dedicated endpoints (dedicated-api spec); every figure here is an operator choice."""
+    """Dedicated endpoints (docs/reference/dedicated.md); every figure here is an operator
+    choice."""
 
     enabled: bool = Field(default=True, description="Serve /api/dedicated and ded/<slug>.")
     rate_card: RateCardOptions = Field(default_factory=RateCardOptions)

@@ -44,7 +44,8 @@ _JSON_COLUMNS = ("scaling", "engine", "previous", "live")
 
 @dataclass(frozen=True)
 class EndpointRow:
-    """One stored endpoint (the lifecycle of spec 3, not the presented status)."""
+    """One stored endpoint (the lifecycle of docs/reference/dedicated.md#lifecycle, not the
+    presented status)."""
 
     id: str
     org_id: str

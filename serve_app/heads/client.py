@@ -2,7 +2,8 @@
 
 One Ray client, ``RayHeadClient``, serves every head kind: chat streams
 (``stream``), speech (``synthesize``), transcription (``transcribe``), detect and
-parse (``detect``, ``parse``), the video worker's poke (``wake``), and the calls
+parse (``detect``, ``parse``), embeddings and scores (``embed``, ``score``), the
+video worker's poke (``wake``), and the calls
 dedicated routing makes on an endpoint's own Serve app. Ray's failures are mapped
 in one place, ``map_ray_error``, so no service or route sees a Ray exception type:
 
@@ -20,6 +21,10 @@ in-process clients (``Local*``) return the same things by calling a head's core
 directly, for unit tests and benchmarks. They take the core by its shape (the
 ``*Core`` protocols below), so this module imports nothing of ``deployments``: the
 composition root or a test builds the core.
+
+A chat model served by an external provider is reached beside these, by
+``serve_app.heads.external.ExternalHeadClient``: the same ``stream`` of head events,
+over the provider's HTTP API instead of a handle.
 """
 
 from __future__ import annotations
@@ -42,6 +47,12 @@ from serve_app.contract.document import (
     DetectHeadRequest,
     ParseHeadReply,
     ParseHeadRequest,
+)
+from serve_app.contract.embedding import (
+    EmbedHeadReply,
+    EmbedHeadRequest,
+    ScoreHeadReply,
+    ScoreHeadRequest,
 )
 from serve_app.contract.errors import HeadFailure
 from serve_app.contract.text import HeadEvent, HeadRequest
@@ -74,6 +85,14 @@ class DocumentClient(Protocol):
     async def parse(self, request: ParseHeadRequest) -> ParseHeadReply: ...
 
 
+class PoolingClient(Protocol):
+    """A pooling head: embeddings and scores."""
+
+    async def embed(self, request: EmbedHeadRequest) -> EmbedHeadReply: ...
+
+    async def score(self, request: ScoreHeadRequest) -> ScoreHeadReply: ...
+
+
 class VideoHeadClient(Protocol):
     """A video head's worker, poked when a job was queued.
 
@@ -87,12 +106,12 @@ class VideoHeadClient(Protocol):
 
 # ---- over Ray -------------------------------------------------------------------------
 def map_ray_error(model_id: str, err: Exception) -> GatewayError:
-    """Ray's failure types -> the spec's 503 (retryable) or 502; the one mapping."""
+    """Ray's failure types -> the API's 503 (retryable) or 502; the one mapping."""
     from ray import exceptions as ray_exceptions
     from ray.serve import exceptions as serve_exceptions
 
     if isinstance(err, GatewayError):
-        return err  # already the spec's answer (Ray re-raises a head's with its fields)
+        return err  # already the API's answer (Ray re-raises a head's with its fields)
     if isinstance(err, serve_exceptions.BackPressureError):
         return ModelUnavailableError(
             f"Model '{model_id}' is at capacity; retry shortly.", headers={"Retry-After": "1"}
@@ -124,7 +143,12 @@ class RayHeadClient:
         """A chat head's ``generate``: its events, unpacked from the batches heads send."""
         if self._streaming is None:
             self._streaming = self._handle.options(stream=True, _by_reference=False)
-        response = self._streaming.generate.remote(request)
+        streaming = self._streaming
+        if request.adapter is not None:
+            # Serve's model multiplexing: to a replica that holds the adapter, else any
+            # (docs/reference/adapters.md#serving).
+            streaming = streaming.options(multiplexed_model_id=request.adapter.key)
+        response = streaming.generate.remote(request)
         try:
             async for item in response:
                 # Heads send batches (deployments.stream_batching); a single event
@@ -154,6 +178,15 @@ class RayHeadClient:
         if isinstance(err, Exception):
             raise map_ray_error(self.model_id, err) from None
 
+    async def forget_adapter(self, key: str) -> bool:
+        """A deleted adapter: the replica that holds it (the router prefers it) unloads it."""
+        response = self._handle.options(multiplexed_model_id=key).forget_adapter.remote(key)
+        try:
+            return bool(await response)
+        except BaseException as err:
+            self._give_up(response, err)
+            raise
+
     async def synthesize(self, request: SpeechHeadRequest) -> SpeechHeadReply:
         reply: SpeechHeadReply = await self.call("synthesize", request)
         return reply
@@ -168,6 +201,14 @@ class RayHeadClient:
 
     async def parse(self, request: ParseHeadRequest) -> ParseHeadReply:
         reply: ParseHeadReply = await self.call("parse", request)
+        return reply
+
+    async def embed(self, request: EmbedHeadRequest) -> EmbedHeadReply:
+        reply: EmbedHeadReply = await self.call("embed", request)
+        return reply
+
+    async def score(self, request: ScoreHeadRequest) -> ScoreHeadReply:
+        reply: ScoreHeadReply = await self.call("score", request)
         return reply
 
     async def wake(self) -> None:
@@ -187,6 +228,7 @@ class HeadClients:
     transcription: dict[str, TranscriptionClient] = field(default_factory=dict)
     documents: dict[str, DocumentClient] = field(default_factory=dict)
     video: dict[str, VideoHeadClient] = field(default_factory=dict)
+    pooling: dict[str, PoolingClient] = field(default_factory=dict)
 
 
 def ray_head_clients(catalog: Iterable[CatalogModel], handles: Mapping[str, Any]) -> HeadClients:
@@ -206,44 +248,56 @@ def ray_head_clients(catalog: Iterable[CatalogModel], handles: Mapping[str, Any]
             clients.documents[model.id] = client
         elif model.head == "video":
             clients.video[model.id] = client
+        elif model.head == "pooling":
+            clients.pooling[model.id] = client
     return clients
 
 
 # ---- in-process (tests, benchmarks) ----------------------------------------------------
 class ChatCore(Protocol):
-    """``deployments.chat_head.ChatHeadCore``."""
+    """``deployments.text.head.ChatHeadCore``."""
 
     def generate(self, request: HeadRequest) -> AsyncIterator[HeadEvent]: ...
 
+    async def forget_adapter(self, key: str) -> bool: ...
+
 
 class SpeechCore(Protocol):
-    """``deployments.speech_head.SpeechHeadCore``."""
+    """``deployments.audio.speech_head.SpeechHeadCore``."""
 
     async def synthesize(self, request: SpeechHeadRequest) -> SpeechHeadReply: ...
 
 
 class TranscriptionCore(Protocol):
-    """``deployments.transcription_head.TranscriptionHeadCore``."""
+    """``deployments.audio.transcription_head.TranscriptionHeadCore``."""
 
     async def transcribe(self, request: TranscriptionHeadRequest) -> TranscriptionHeadReply: ...
 
 
 @runtime_checkable
 class DetectCore(Protocol):
-    """``deployments.document_head.DetectHeadCore``."""
+    """``deployments.document.head.DetectHeadCore``."""
 
     async def detect(self, request: DetectHeadRequest) -> DetectHeadReply: ...
 
 
 @runtime_checkable
 class ParseCore(Protocol):
-    """``deployments.document_head.ParseHeadCore``."""
+    """``deployments.document.head.ParseHeadCore``."""
 
     async def parse(self, request: ParseHeadRequest) -> ParseHeadReply: ...
 
 
+class PoolingCore(Protocol):
+    """``deployments.embedding.head.PoolingHeadCore``."""
+
+    async def embed(self, request: EmbedHeadRequest) -> EmbedHeadReply: ...
+
+    async def score(self, request: ScoreHeadRequest) -> ScoreHeadReply: ...
+
+
 class VideoWorker(Protocol):
-    """A video head's worker in this process (``deployments.video_head.VideoHeadCore``)."""
+    """A video head's worker in this process (``deployments.video.head.VideoHeadCore``)."""
 
     def wake(self) -> None: ...
 
@@ -256,6 +310,9 @@ class LocalHeadClient:
 
     def stream(self, request: HeadRequest) -> AsyncIterator[HeadEvent]:
         return self.core.generate(request)
+
+    async def forget_adapter(self, key: str) -> bool:
+        return await self.core.forget_adapter(key)
 
 
 class LocalSpeechClient:
@@ -297,6 +354,19 @@ class LocalDocumentClient:
         if not isinstance(self.core, ParseCore):
             return _wrong_kind("parse")
         return await self.core.parse(request)
+
+
+class LocalPoolingClient:
+    """Calls a pooling head's core in this process."""
+
+    def __init__(self, core: PoolingCore) -> None:
+        self.core = core
+
+    async def embed(self, request: EmbedHeadRequest) -> EmbedHeadReply:
+        return await self.core.embed(request)
+
+    async def score(self, request: ScoreHeadRequest) -> ScoreHeadReply:
+        return await self.core.score(request)
 
 
 class LocalVideoClient:

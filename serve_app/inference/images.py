@@ -1,4 +1,5 @@
-"""Images in chat messages: decode, fetch safely, identify by bytes (spec 2.4, 8).
+"""Images in chat messages: decode, fetch safely, identify by bytes
+(docs/reference/chat.md#messages, docs/reference/common.md#limits).
 
 Every image reaches the engine as a ``data:`` URI whose media type comes from
 the bytes, never from what the client declared. Remote URLs are fetched by the

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from serve_app.auth.principal import Principal
+from serve_app.billing.batch_line import current_batch_line
 from serve_app.billing.ledger import UsageLedger
 from serve_app.billing.pricing import NO_TOOL_PRICES, ToolPrices, build_record
 from serve_app.billing.records import UsageQuantities, UsageStatus
@@ -103,6 +104,12 @@ class Metering:
         self.ledger = ledger
         self.metrics = metrics or GatewayMetrics()
         self.tool_prices = tool_prices
+        self.live_in_flight = 0
+        """Admitted live (not batch) requests of this replica not finished yet: batch
+        workers start no new line while it is above zero (``serve_app.batches.worker``)."""
+        self.live_ended_at = float("-inf")
+        """``time.monotonic()`` when the last live request finished (the workers' quiet
+        period runs from it)."""
 
     async def admit(self, meta: RequestMeta, started: HeadStarted) -> MeteredRequest:
         """Reserve capacity for the request or raise the 429 (the caller closes the head)."""
@@ -115,7 +122,10 @@ class Metering:
                 self.metrics.rate_limited(meta.model.id, err.code or "rate_limit_exceeded")
                 self.metrics.request(meta.model.id, meta.endpoint, "rejected")
                 raise
-        return MeteredRequest(self, meta, UsageTracker(started.prompt_tokens), ticket)
+        live = current_batch_line() is None
+        if live:
+            self.live_in_flight += 1
+        return MeteredRequest(self, meta, UsageTracker(started.prompt_tokens), ticket, live=live)
 
     def failed(self, meta: RequestMeta) -> None:
         """A request the head refused or failed before admission (not billed, nothing
@@ -127,12 +137,15 @@ class Metering:
         """Price ``quantities`` for ``meta``'s caller and model and spool the ledger row.
 
         Never raises: a request already answered must not fail on billing; a
-        record that could not be spooled is logged with its request id.
+        record that could not be spooled is logged with its request id. A batch
+        line's record is priced at its discount under its own ledger key and handed
+        to the line (``serve_app.billing.batch_line``), not spooled.
         """
-        if self.ledger is None:
+        line = current_batch_line()
+        if self.ledger is None and line is None:
             return
         record = build_record(
-            request_id=meta.request_id,
+            request_id=meta.request_id if line is None else line.record_id(),
             created_at=datetime.now(UTC),
             user_id=meta.principal.user_id,
             key_id=meta.principal.key_id,
@@ -143,7 +156,13 @@ class Metering:
             usage=quantities,
             pricing=meta.model.pricing,
             tool_prices=self.tool_prices,
+            batch_id=None if line is None else line.batch_id,
+            batch_discount=None if line is None else line.discount,
         )
+        if line is not None:
+            line.records.append(record)
+            return
+        assert self.ledger is not None
         try:
             self.ledger.submit(record)
         except Exception:
@@ -164,9 +183,16 @@ class MeteredRequest:
     """One admitted request; ``finish`` is idempotent."""
 
     def __init__(
-        self, metering: Metering, meta: RequestMeta, usage: UsageTracker, ticket: Ticket | None
+        self,
+        metering: Metering,
+        meta: RequestMeta,
+        usage: UsageTracker,
+        ticket: Ticket | None,
+        *,
+        live: bool = False,
     ) -> None:
         self._metering = metering
+        self._live = live
         self.meta = meta
         self.usage = usage
         self.ticket = ticket
@@ -190,7 +216,7 @@ class MeteredRequest:
         self.usage.prompt_tokens += prompt_tokens
 
     def add_tool_use(self, *, web_searches: int = 0, code_seconds: float = 0.0) -> None:
-        """Executed searches and billed sandbox seconds (spec 4.1 rule 6)."""
+        """Executed searches and billed sandbox seconds (docs/reference/chat.md#server-tools)."""
         self.usage.web_searches += web_searches
         self.usage.code_seconds += code_seconds
 
@@ -205,6 +231,9 @@ class MeteredRequest:
             return
         self.finished = True
         meta, metering = self.meta, self._metering
+        if self._live:
+            metering.live_in_flight -= 1
+            metering.live_ended_at = time.monotonic()
         status = self.status(aborted)
         billed = self.usage.produced()
         quantities = self.usage.quantities(meta.n_choices)

@@ -1,9 +1,15 @@
-"""Whether a head can take calls now, from Ray Serve's real state.
+"""Whether a head can take calls now, from Ray Serve's real state, and waking sleeping heads.
 
 A call to a head that is still starting would otherwise wait silently in Ray's
-queue; the spec wants an immediate 503 ``model_warming`` with ``Retry-After``
+queue; the contract wants an immediate 503 ``model_warming`` with ``Retry-After``
 instead, or ``model_unavailable`` when the head failed. Serve's status is read
 by one background poll per gateway replica, never per request.
+
+A head whose deployment autoscales down to zero replicas sleeps when idle (it holds
+no memory: docs/deployment.md, "Memory budget"). A call to a sleeping head answers
+503 ``model_warming`` at once and wakes it: the waker sends the head one call that
+waits in Serve's queue, and that queued call is the demand Serve's autoscaler
+scales up for. State changes (asleep, waking, awake) are logged.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from serve_app.background import PeriodicLoop
 from serve_app.protocol.errors import ModelUnavailableError, model_warming
 
 logger = logging.getLogger(__name__)
@@ -21,6 +28,7 @@ logger = logging.getLogger(__name__)
 WARMING = "warming"
 READY = "ready"
 FAILED = "failed"
+ASLEEP = "asleep"
 
 
 @dataclass(frozen=True)
@@ -31,7 +39,15 @@ class HeadState:
     detail: str = ""
 
 
+class StatusUnknownError(LookupError):
+    """Serve's status says nothing of this application now (a ServeController restarting
+    recovers its state from the live replicas): keep the last known states meanwhile, or a
+    restarted controller would turn every head "warming" for a few seconds."""
+
+
 StatusSource = Callable[[], dict[str, HeadState]]
+Waker = Callable[[str], None]
+"""Starts waking a sleeping head (returns at once; repeated calls while it wakes are no-ops)."""
 
 
 def serve_status_source(app_name: str, deployments: dict[str, str]) -> StatusSource:
@@ -44,6 +60,8 @@ def serve_status_source(app_name: str, deployments: dict[str, str]) -> StatusSou
         from ray import serve
 
         app = serve.status().applications.get(app_name)
+        if app is None:  # our own app missing: a restarted controller still recovering
+            raise StatusUnknownError(f"application {app_name!r} not in Serve's status yet")
         result: dict[str, HeadState] = {}
         for model_id, name in deployments.items():
             dep = app.deployments.get(name) if app else None
@@ -64,7 +82,7 @@ def _classify(dep: object | None) -> HeadState:
     if "DEPLOY_FAILED" in status or "UNHEALTHY" in status:
         return HeadState(FAILED, str(getattr(dep, "message", ""))[:200])
     if "HEALTHY" in status and not replicas:
-        return HeadState(READY, "scaled to zero; the call boots a replica")
+        return HeadState(ASLEEP, "scaled to zero while idle")
     return HeadState(WARMING, status)
 
 
@@ -76,22 +94,45 @@ class HeadReadiness:
         source: StatusSource | None,
         refresh_s: float = 2.0,
         warming_retry_after_s: int = 10,
+        waker: Waker | None = None,
     ) -> None:
         self._source = source
+        self._waker = waker
         self._refresh_s = refresh_s
         self._retry_after = warming_retry_after_s
         self._states: dict[str, HeadState] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._loop = PeriodicLoop(
+            self._poll,
+            refresh_s,
+            logger=logger,
+            failure="could not read Serve status",
+            level=logging.WARNING,
+        )
         self._last_refresh = 0.0
+        self._answering: dict[str, float] = {}
+        """Model id -> when a call to its head was last accepted: newer than a poll begun
+        before it, so a head that just woke is not reported warming by a stale poll."""
+
+    def note_answering(self, model_id: str) -> None:
+        """A call to ``model_id``'s head was just accepted: it is up, whatever polls said."""
+        now = time.monotonic()
+        self._answering[model_id] = now
+        if model_id in self._states and self._states[model_id].state != READY:
+            self._states[model_id] = HeadState(READY)
 
     def check(self, model_id: str) -> None:
-        """Raise the spec's 503 when the head cannot take a call now."""
+        """Raise the API's 503 when the head cannot take a call now."""
         if self._source is None:
             return
         self._ensure_polling()
         state = self._states.get(model_id)
         if state is None or state.state == READY:
             return  # unknown yet: let the call try rather than refuse it
+        if state.state == ASLEEP:
+            if self._waker is None:
+                return  # nothing to wake it with: the call itself boots a replica
+            self._waker(model_id)
+            raise model_warming(model_id, self._retry_after)
         if state.state == WARMING:
             raise model_warming(model_id, self._retry_after)
         raise ModelUnavailableError(
@@ -99,19 +140,43 @@ class HeadReadiness:
         )
 
     def _ensure_polling(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._poll())
+        self._loop.start()
 
-    async def _poll(self) -> None:
+    async def _poll(self) -> bool:
+        """One read of Serve's status; False once the replica is shutting down."""
         assert self._source is not None
-        while True:
-            try:
-                self._states = await asyncio.to_thread(self._source)
-                self._last_refresh = time.monotonic()
-            except RuntimeError as err:
-                if "shutdown" in str(err):
-                    return  # the replica is stopping; nothing left to serve
-                logger.warning("could not read Serve status", exc_info=True)
-            except Exception:  # keep serving on the last known states
-                logger.warning("could not read Serve status", exc_info=True)
-            await asyncio.sleep(self._refresh_s)
+        try:
+            began = time.monotonic()
+            states = await asyncio.to_thread(self._source)
+            for model_id, at in self._answering.items():
+                if at > began and model_id in states:  # seen answering after the poll began
+                    states[model_id] = HeadState(READY)
+            _log_changes(self._states, states)
+            self._states = states
+            self._last_refresh = time.monotonic()
+        except StatusUnknownError as err:
+            logger.info("keeping the last head states: %s", err)
+        except RuntimeError as err:
+            if "shutdown" in str(err):
+                return False  # the replica is stopping; nothing left to serve
+            logger.warning("could not read Serve status", exc_info=True)
+        except Exception:  # keep serving on the last known states
+            logger.warning("could not read Serve status", exc_info=True)
+        return True
+
+
+_WORDS = {READY: "awake", ASLEEP: "asleep", WARMING: "waking", FAILED: "failed"}
+
+
+def describe(state: HeadState) -> str:
+    """A head's condition in one word, as the logs print it."""
+    return _WORDS.get(state.state, state.state)
+
+
+def _log_changes(before: dict[str, HeadState], after: dict[str, HeadState]) -> None:
+    """One line per head whose condition changed (the first poll reports every head)."""
+    for model_id, state in sorted(after.items()):
+        old = before.get(model_id)
+        if old is None or old.state != state.state:
+            detail = f" ({state.detail})" if state.detail and state.state != READY else ""
+            logger.info("head %s: %s%s", model_id, describe(state), detail)

@@ -1,8 +1,8 @@
 """Server-sent events framing: ``data:`` lines, named events, the error event, ``[DONE]``.
 
 The chat and completions chunks are serialized by their protocol types
-(``serve_app.inference.assemble``) and framed with ``sse_frame``; so are the
-responses route's named events (``serve_app.inference.responses_render``, which
+(``serve_app.inference.chat.assemble``) and framed with ``sse_frame``; so are the
+responses route's named events (``serve_app.inference.responses.render``, which
 writes their ``event:`` line). The error envelope is a plain dict (``sse_error``).
 A failure after the first byte is never a silent cut: it is
 ``data: {"error": {...}}`` (then ``data: [DONE]`` on the chat routes).

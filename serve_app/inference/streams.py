@@ -3,7 +3,7 @@
 A stream whose first head event is a failure never becomes a 200: the text
 service reads the head's acceptance (``read_head_started``), admits the
 request, then peeks at the first output (``peek_first_output``) before any
-``StreamingResponse`` exists, so the client gets a real status.
+answer exists, so the client gets a real status.
 
 After that, ``MeteredStream`` is the one place a stream ends, for chat,
 completions, responses and the server-tool loop alike: whatever way it ends
@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Generic, TypeVar
-
-from fastapi.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
 
 from serve_app.contract.errors import HeadFailure
 from serve_app.contract.text import HeadEvent, HeadStarted
+from serve_app.inference.answers import FrameStream
 from serve_app.inference.metering import MeteredRequest
 from serve_app.inference.sse import SSE_HEADERS, sse_error
 from serve_app.protocol.errors import GatewayError, UpstreamError, UpstreamTimeoutError
@@ -244,43 +242,8 @@ class MeteredStream(Generic[E]):
         await self.metered.finish(aborted=aborted)
 
 
-class MeteredStreamingResponse(StreamingResponse):
-    """A stream response that closes its body and releases the request however it ends.
-
-    Starlette leaves the body generator suspended when the client disconnects
-    (ASGI 2.4 raises ``ClientDisconnect``; older servers cancel the sender), so
-    its ``finally`` would run only whenever the garbage collector finds it, and
-    never when the client left before the first byte. Closing it here runs the
-    head release, billing and settlement at once; ``release`` then covers a body
-    that never started (both steps are idempotent).
-    """
-
-    def __init__(
-        self,
-        content: AsyncIterator[bytes],
-        *,
-        release: Callable[[], Awaitable[None]],
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(content, **kwargs)
-        self._frames = content
-        self._release = release
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await aclose_quietly(self._frames)
-            await self._release()
-
-
-def sse_response(
+def sse_stream(
     stream: MeteredStream[Any], frames: AsyncIterator[bytes], headers: dict[str, str]
-) -> MeteredStreamingResponse:
+) -> FrameStream:
     """``frames`` (from ``stream.relay``) as a ``text/event-stream`` answer."""
-    return MeteredStreamingResponse(
-        frames,
-        release=stream.release,
-        media_type="text/event-stream",
-        headers={**SSE_HEADERS, **headers},
-    )
+    return FrameStream(frames, stream.release, {**SSE_HEADERS, **headers})

@@ -4,7 +4,7 @@ Audio and document requests share the text routes' limiter, ledger and
 metrics (one ``Metering`` per replica) but are shaped differently: the cost is
 known, or bounded, before the head runs, and the billable quantity is a unit —
 seconds of audio (``per_audio_second``) or processed images (``per_image``).
-For audio, token counts are estimated from the text (spec 2.12: "metering is
+For audio, token counts are estimated from the text (docs/reference/audio.md: "metering is
 estimated from the text"), so per-minute token limits and the daily quota count
 audio requests too.
 """

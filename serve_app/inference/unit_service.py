@@ -69,6 +69,7 @@ class UnitHeadService:
                 ) from None
             if isinstance(reply, HeadFailure):
                 raise reply.to_error()
+            self.readiness.note_answering(meta.model.id)
             if not isinstance(reply, result_type):
                 raise TypeError(f"head returned {type(reply).__name__}")
             usage = usage_of(reply)

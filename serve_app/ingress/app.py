@@ -18,11 +18,15 @@ from serve_app.ingress.openapi import install_openapi
 from serve_app.ingress.ratelimit_headers import RateLimitHeadersMiddleware
 from serve_app.ingress.state import GatewayState
 from serve_app.routes import (
+    adapters,
     audio,
+    batches,
     chat,
     completions,
     dedicated,
     document,
+    embeddings,
+    files,
     health,
     models,
     responses,
@@ -56,8 +60,12 @@ def create_app(
         responses,
         audio,
         document,
+        embeddings,
         video,
+        files,
+        batches,
         dedicated,
+        adapters,
         session_only,
     ):
         app.include_router(module.router)
@@ -70,8 +78,16 @@ def create_app(
     # stale x-ratelimit-* headers of the first attempt.
     app.add_middleware(RateLimitHeadersMiddleware)
     app.add_middleware(AllowedMethodsMiddleware, router=app.router)
-    limits = {**audio.body_limits(state.audio), **(body_limits or {})}
+    limits = {
+        **audio.body_limits(state.audio),
+        **files.body_limits(state.files),
+        **adapters.body_limits(state.adapters),
+        **(body_limits or {}),
+    }
     app.add_middleware(
-        BodyLimitMiddleware, max_bytes=max_body_bytes, limits=limits, streamed=audio.STREAMED_PATHS
+        BodyLimitMiddleware,
+        max_bytes=max_body_bytes,
+        limits=limits,
+        streamed=audio.STREAMED_PATHS + files.STREAMED_PATHS + adapters.STREAMED_PATHS,
     )
     return app

@@ -1,4 +1,4 @@
-"""413 ``request_too_large`` before a huge body is read (spec 7, 8).
+"""413 ``request_too_large`` before a huge body is read (docs/reference/common.md).
 
 A declared ``Content-Length`` over the limit is refused without reading a
 byte; a chunked body is counted as it arrives and refused as soon as it

@@ -16,6 +16,7 @@ from ray import serve
 
 from serve_app.composition import build_replica, close_replica
 from serve_app.ingress.app import create_app
+from serve_app.ingress.direct_port import wait_for_direct_port
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ class Gateway:
         config, state = await build_replica(args, heads, tool_runner, app_name)
         self._state = state
         self._app = create_app(state, config.max_body_bytes)
+        await wait_for_direct_port()  # Serve binds --port right after this returns
         logger.info("gateway replica ready with %d models", len(state.catalog))
 
     def __serve_build_asgi_app__(self) -> FastAPI:

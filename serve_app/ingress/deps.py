@@ -33,7 +33,7 @@ async def _authenticate(request: Request) -> Principal:
 
 
 async def inference_caller(request: Request) -> Principal:
-    """A caller allowed on ``/v1`` routes (spec 5)."""
+    """A caller allowed on ``/v1`` routes (docs/reference/common.md#authentication)."""
     principal = await _authenticate(request)
     if SCOPE_INFERENCE not in principal.scopes:
         raise PermissionDeniedError(

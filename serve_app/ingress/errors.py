@@ -1,4 +1,4 @@
-"""The one error mapper: every failure becomes the spec's envelope (spec 2.1, 7).
+"""The one error mapper: every failure becomes the API's envelope (docs/reference/common.md).
 
 Framework errors included: an unknown route is a 404, a wrong method a 405,
 malformed JSON and schema violations a 400 (not FastAPI's 422) naming the
@@ -8,8 +8,6 @@ offending parameter in ``messages[0].role`` form.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -20,8 +18,13 @@ from serve_app.protocol.errors import (
     GatewayError,
     InvalidRequestError,
     MethodNotAllowedError,
+    ModelUnavailableError,
     NotFoundError,
 )
+from serve_app.protocol.validation import param_from_loc, validation_error
+from serve_app.storage.db import UNREACHABLE_ERRORS
+
+__all__ = ["error_response", "install_error_handlers", "param_from_loc", "validation_to_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,50 +37,8 @@ def error_response(err: GatewayError) -> JSONResponse:
     return JSONResponse(err.envelope(), status_code=err.status_code, headers=err.headers)
 
 
-def param_from_loc(loc: Sequence[Any]) -> str | None:
-    """``("body", "messages", 0, "role")`` -> ``messages[0].role``."""
-    parts = [p for p in loc if p not in ("body", "query", "path", "header")]
-    text = ""
-    for part in parts:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        elif isinstance(part, str) and not part.startswith(("function-", "tagged-union")):
-            if part in ("str", "list[str]", "list[ContentPart]", "int", "float"):
-                continue  # union branch names that pydantic adds to the location
-            text += f".{part}" if text else part
-    return text or None
-
-
 def validation_to_error(exc: RequestValidationError) -> InvalidRequestError:
-    errors = list(exc.errors())
-    if not errors:
-        return InvalidRequestError("The request body is invalid.")
-    first = errors[0]
-    kind = str(first.get("type", ""))
-    if kind == "json_invalid":
-        return InvalidRequestError("The request body is not valid JSON.", code="invalid_json")
-    loc = first.get("loc", ())
-    param = param_from_loc(loc)
-    if kind == "missing" and param is None:
-        return InvalidRequestError("A JSON request body is required.", code="invalid_json")
-    if kind == "missing":
-        return InvalidRequestError(
-            f"Missing required parameter: '{param}'.",
-            code="missing_required_parameter",
-            param=param,
-        )
-    if kind == "extra_forbidden":  # closed request bodies (responses route, spec 4.3)
-        return InvalidRequestError(
-            f"Unknown parameter: '{param}'.", code="unknown_parameter", param=param
-        )
-    if kind == "model_attributes_type" and param is None:
-        return InvalidRequestError("The request body must be a JSON object.", code="invalid_json")
-    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    return InvalidRequestError(
-        f"Invalid value for '{param}': {message}." if param else f"Invalid request: {message}.",
-        code="invalid_value",
-        param=param,
-    )
+    return validation_error(list(exc.errors()))
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -113,6 +74,17 @@ def install_error_handlers(app: FastAPI) -> None:
         err.headers.update(dict(exc.headers or {}))
         return error_response(err)
 
+    async def on_database_unreachable(_: Request, exc: Exception) -> JSONResponse:
+        # An outage, not a bug: retryable, like a head that cannot take the call
+        # (docs/deployment.md, "Redis and database outages").
+        logger.warning("database unreachable: %s", exc)
+        return error_response(
+            ModelUnavailableError(
+                "The service cannot reach its database right now; retry shortly.",
+                headers={"Retry-After": "1"},
+            )
+        )
+
     async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error", exc_info=exc)
         return error_response(
@@ -122,4 +94,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(GatewayError, on_gateway_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
+    for unreachable in UNREACHABLE_ERRORS:
+        app.add_exception_handler(unreachable, on_database_unreachable)
     app.add_exception_handler(Exception, on_unexpected)

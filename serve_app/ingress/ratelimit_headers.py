@@ -3,8 +3,8 @@
 Pure ASGI (no ``BaseHTTPMiddleware``): it opens a per-request report before the
 app runs and, when the answer's ``http.response.start`` passes, writes the
 headers of whatever the limiter recorded into it (``serve_app.limits.headers``).
-Admission always happens before the first byte (spec 8), so a streamed answer
-carries them as well as a JSON one. Headers the answer already has (a 429 sets
+Admission always happens before the first byte (docs/reference/common.md#limits), so a streamed
+answer carries them as well as a JSON one. Headers the answer already has (a 429 sets
 its own) are left as they are.
 """
 

@@ -180,6 +180,11 @@ if not state then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return {'claimed'}
 end
+-- Our own claim, sent again after the connection broke (shared_redis retries once):
+-- still ours, or the request would wait a whole lease for itself.
+if state == 'pending' and redis.call('HGET', KEYS[1], 'token') == ARGV[2] then
+  return {'claimed'}
+end
 if state == 'pending' then return {'pending', redis.call('HGET', KEYS[1], 'fp')} end
 return {'done', unpack(redis.call('HMGET', KEYS[1], 'fp', 'status', 'headers', 'body'))}
 """
@@ -222,17 +227,11 @@ class RedisReplayStore:
 
     @classmethod
     def from_url(cls, url: str, *, max_connections: int = 32, **kwargs: Any) -> RedisReplayStore:
-        """A store on its own pool (binary replies: bodies are bytes)."""
-        import redis.asyncio as aioredis
+        """A store on its own pool (binary replies: bodies are bytes), configured as the
+        counters' is (``serve_app.limits.redis_store.shared_redis``)."""
+        from serve_app.limits.redis_store import shared_redis
 
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_connections,
-            timeout=10.0,  # a busy pool is not an outage (see RedisCounterStore.from_url)
-            socket_timeout=3.0,
-            socket_connect_timeout=3.0,
-        )
-        return cls(aioredis.Redis(connection_pool=pool), **kwargs)
+        return cls(shared_redis(url, max_connections=max_connections), **kwargs)
 
     def _key(self, slot: str) -> list[str]:
         return [f"{self._prefix}:idem:{slot}"]

@@ -10,16 +10,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from serve_app.adapters.service import AdapterService
 from serve_app.auth.principal import Principal
+from serve_app.batches.service import BatchService
+from serve_app.batches.worker import BatchWorker
 from serve_app.catalog.catalog import Catalog
-from serve_app.dedicated.facade import Dedicated
-from serve_app.inference.audio_service import AudioService
-from serve_app.inference.document_service import DocumentService
-from serve_app.inference.responses_service import ResponsesService
-from serve_app.inference.text_service import TextService
-from serve_app.inference.tool_chat import ToolChatService
+from serve_app.dedicated.api.facade import Dedicated
+from serve_app.files.service import FileService
+from serve_app.inference.audio.service import AudioService
+from serve_app.inference.chat.service import TextService
+from serve_app.inference.chat.tools import ToolChatService
+from serve_app.inference.documents.service import DocumentService
+from serve_app.inference.embeddings.service import EmbeddingService
+from serve_app.inference.responses.service import ResponsesService
+from serve_app.inference.video.service import VideoService
 from serve_app.ingress.replays import ReplayStore
-from serve_app.jobs.service import VideoService
 
 
 class Authenticator(Protocol):
@@ -46,6 +51,11 @@ class GatewayState:
     tool_chat: ToolChatService
     documents: DocumentService
     video: VideoService
+    embeddings: EmbeddingService
     replays: ReplayStore
     """Answers of ``Idempotency-Key`` requests (``serve_app.ingress.idempotency``)."""
+    files: FileService
+    adapters: AdapterService
+    batches: BatchService
+    batch_worker: BatchWorker | None = None  # None when args.batches.enabled is false
     dedicated: Dedicated | None = None  # None when args.dedicated.enabled is false

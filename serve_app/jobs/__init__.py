@@ -1,1 +1,2 @@
-"""Asynchronous video generation jobs: durable state, the per-user cap, reconciliation."""
+"""Asynchronous video generation jobs: durable records and their store (the service that
+submits, polls and reconciles them is ``serve_app.inference.video``)."""

@@ -25,7 +25,8 @@ QUEUED, RUNNING, COMPLETED, FAILED, CANCELLED = (
     "cancelled",
 )
 UNFINISHED = (QUEUED, RUNNING)
-"""Non-terminal statuses: they count against the per-user cap (spec 3, 8)."""
+"""Non-terminal statuses: they count against the per-user cap (docs/reference/video.md#statuses,
+docs/reference/common.md#limits)."""
 
 JOB_ID_PREFIX = "vgen_"
 _JOB_ID = re.compile(r"^vgen_[0-9a-f]{24}$")

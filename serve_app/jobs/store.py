@@ -16,11 +16,11 @@ each transition states the status it expects and does nothing otherwise:
 - ``complete`` writes the usage record in the same transaction: a job is
   billed exactly when it becomes completed, never twice, never lost.
 - ``cancel``: queued or running -> cancelled; a terminal job is unchanged
-  (best effort, spec 3).
+  (best effort, docs/reference/video.md#statuses).
 - ``release``: running -> queued when a head replica stops gracefully (a
   redeploy, a scale-down), so another replica renders the job from the start.
 - ``fail_stale`` / ``fail_unclaimed``: reconciliation of jobs whose worker died
-  or that no worker could take (see ``serve_app.jobs.service``).
+  or that no worker could take (see ``serve_app.inference.video.service``).
 """
 
 from __future__ import annotations

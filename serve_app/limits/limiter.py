@@ -1,4 +1,4 @@
-"""Which limits apply to a caller, and the 429s that enforce them (spec 7, 8).
+"""Which limits apply to a caller, and the 429s that enforce them (docs/reference/common.md).
 
 Resolution: a key's own RPM/TPM apply when set; the user's RPM/TPM apply when
 set, else the platform defaults take the user's place; both levels may apply to
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from serve_app.auth.principal import Principal
+from serve_app.billing.batch_line import current_batch_line
 from serve_app.limits.buckets import (
     DAY_MS,
     BucketKind,
@@ -66,7 +67,7 @@ def plan_buckets(principal: Principal, platform: PlatformLimits) -> list[BucketS
 
 
 def rate_limit_error(denial: Denial, window_s: float) -> RateLimitError:
-    """The spec's 429: ``insufficient_quota`` for the day, else ``rate_limit_exceeded``."""
+    """The API's 429: ``insufficient_quota`` for the day, else ``rate_limit_exceeded``."""
     bucket, wait = denial.bucket, denial.retry_after_s
     headers = {**rate_limit_headers(denial.states), "Retry-After": str(wait)}
     if bucket.kind == "daily":
@@ -113,6 +114,9 @@ class RateLimiter:
         self.daily_usage = daily_usage
         self.on_fail_open = on_fail_open
         """Called for each request let through unlimited (a metric, so it is not log-only)."""
+        self._store_failing = False
+        """An outage is logged when it starts and when it ends, not once per request (a
+        traceback per refused request flooded the log during a Redis restart)."""
 
     async def _admit(
         self, principal: Principal, request_id: str, buckets: list[BucketSpec], cost: int
@@ -133,15 +137,25 @@ class RateLimiter:
         """Reserve one request and ``cost`` tokens, or raise the 429.
 
         Returns None when no limit applies (nothing to settle). A store outage
-        lets traffic through when ``fail_open`` (logged), else answers 503.
+        lets traffic through when ``fail_open`` (logged), else answers 503. A batch
+        line is checked against the daily quota only: live RPM/TPM are not spent on
+        batch work, which has its own limit (docs/api.md, "Batches").
         """
         buckets = plan_buckets(principal, self.platform)
+        if current_batch_line() is not None:
+            buckets = [b for b in buckets if b.kind == "daily"]
         if not buckets:
             return None
         try:
             outcome = await self._admit(principal, request_id, buckets, max(0, cost))
         except Exception:
-            logger.exception("counter store unavailable during admission")
+            if not self._store_failing:
+                self._store_failing = True
+                logger.exception(
+                    "counter store unavailable during admission; requests are %s until it "
+                    "answers again",
+                    "admitted without limits" if self.fail_open else "refused (503)",
+                )
             if self.fail_open:
                 if self.on_fail_open is not None:
                     self.on_fail_open()
@@ -150,6 +164,9 @@ class RateLimiter:
                 "Rate limiting is temporarily unavailable; retry shortly.",
                 headers={"Retry-After": "1"},
             ) from None
+        if self._store_failing:
+            self._store_failing = False
+            logger.warning("counter store answers again; limits apply")
         record_states(outcome.states)
         if isinstance(outcome, Denial):
             raise rate_limit_error(outcome, self.platform.window_s)

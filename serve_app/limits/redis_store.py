@@ -174,6 +174,42 @@ return 1
 )
 
 
+def shared_redis(url: str, *, max_connections: int) -> Any:
+    """An asyncio client on a pool of its own, for state shared by gateway replicas
+    (these counters, the Idempotency-Key answers of ``serve_app.ingress.replays``).
+
+    A blocking pool makes a burst wait for a free connection instead of
+    failing: a busy pool is not an outage, and failing there would let the
+    burst through unlimited (fail-open). Socket timeouts are a few seconds:
+    short enough that a Redis outage does not stall requests for long, long
+    enough that a loaded replica opening many connections at once does not
+    mistake slowness for an outage (1 s did, under a 2-core burst test).
+
+    A command that fails on a broken connection is sent once more, at once, on a
+    new one: after Redis restarts (or fails over) every idle pooled connection
+    still points at the old server, and without the retry the first command on each
+    failed although Redis was back (a 503 with limits failing closed; seen in
+    tests/faults). Timeouts are not retried: a hung Redis must not double the stall.
+    A connection that broke after Redis ran the command (not before) means it runs
+    twice: a claim recognises its own token (``serve_app.ingress.replays``); an
+    admission may count twice in a tokens or daily bucket, erring on the limit's side.
+    """
+    import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=10.0,
+        socket_timeout=3.0,
+        socket_connect_timeout=3.0,
+        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+    )
+    return aioredis.Redis(connection_pool=pool)
+
+
 class RedisCounterStore:
     """``CounterStore`` on Redis; pass ``clock`` only to override Redis's time."""
 
@@ -196,25 +232,8 @@ class RedisCounterStore:
 
     @classmethod
     def from_url(cls, url: str, *, max_connections: int = 64, **kwargs: Any) -> RedisCounterStore:
-        """A store on its own connection pool.
-
-        A blocking pool makes a burst wait for a free connection instead of
-        failing: a busy pool is not an outage, and failing there would let the
-        burst through unlimited (fail-open). Socket timeouts are a few seconds:
-        short enough that a Redis outage does not stall requests for long, long
-        enough that a loaded replica opening many connections at once does not
-        mistake slowness for an outage (1 s did, under a 2-core burst test).
-        """
-        import redis.asyncio as aioredis
-
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_connections,
-            timeout=10.0,
-            socket_timeout=3.0,
-            socket_connect_timeout=3.0,
-        )
-        return cls(aioredis.Redis(connection_pool=pool), **kwargs)
+        """A store on its own connection pool (``shared_redis``)."""
+        return cls(shared_redis(url, max_connections=max_connections), **kwargs)
 
     def _keys(self, bucket: BucketSpec) -> list[str]:
         base = f"{self._prefix}:{bucket.key}"

@@ -1,5 +1,5 @@
 """Wire formats of ``POST /v1/audio/speech`` and ``POST /v1/audio/transcriptions``
-(spec 2.12, 4.4, 4.5, 8).
+(docs/reference/audio.md, docs/reference/common.md#limits).
 
 Speech takes JSON and answers WAV bytes; transcription takes multipart form
 data (its fields are declared on the route, as FastAPI reads forms) and answers
@@ -17,11 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from serve_app.contract.audio import DEFAULT_VOICE, SPEC_VOICES
 
 MAX_SPEECH_INPUT_CHARS = 4096
-"""Spec 8: speech ``input`` is at most 4096 characters (code points, tags included)."""
+"""docs/reference/common.md#limits: speech ``input`` is at most 4096 characters (code points, tags
+included)."""
 
 MAX_TRANSCRIPTION_FILE_BYTES = 25 * 1024 * 1024
-"""Spec 8's "25 MB", read as 25 MiB (26,214,400 bytes) of file content, multipart
-framing excluded: the larger reading, so no file a client sizes as 25 MB is refused."""
+"""The "25 MB" of docs/reference/common.md#limits, read as 25 MiB (26,214,400 bytes) of file
+content, multipart framing excluded: the larger reading, so no file a client sizes as 25 MB is
+refused."""
 
 SPEECH_FORMATS = ("wav",)
 TRANSCRIPTION_FORMATS = ("json", "text", "verbose_json")

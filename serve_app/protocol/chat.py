@@ -1,4 +1,4 @@
-"""Wire format of ``POST /v1/chat/completions`` (spec 2.4, 2.5, 4.1, 6)."""
+"""Wire format of ``POST /v1/chat/completions`` (docs/reference/chat.md)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(SamplingFields):
-    """Request body. Unknown fields are relayed to the engine (spec 4.1)."""
+    """Request body. Unknown fields are relayed to the engine
+    (docs/reference/chat.md#chat-request)."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: JsonInt | None = Field(default=None, ge=1)
@@ -74,7 +75,7 @@ class ToolCall(BaseModel):
 
 class AssistantMessage(BaseModel):
     """The answer's message; ``reasoning_content``/``reasoning`` only on models with a
-    separate reasoning channel, ``annotations`` only with server tools (spec 2.5, 6)."""
+    separate reasoning channel, ``annotations`` only with server tools (docs/reference/chat.md)."""
 
     role: Literal["assistant"] = "assistant"
     content: str | None
@@ -106,7 +107,7 @@ class ChatCompletion(BaseModel):
 
 # Stream chunks are TypedDicts, not models: one is built per token, and a dict
 # checked by mypy and serialized by a cached ``TypeAdapter`` costs less than a model
-# instance (``serve_app.inference.assemble``). A key not written is not sent; a key
+# instance (``serve_app.inference.chat.assemble``). A key not written is not sent; a key
 # written as ``None`` is ``null`` (``finish_reason`` always is, until the last chunk).
 
 
@@ -142,8 +143,8 @@ class ChunkChoice(TypedDict):
 
 class ChatCompletionChunk(TypedDict):
     """One SSE event. ``usage`` (the usage chunk), ``routing`` (an external model's
-    disclosure, spec 2.3) and ``web_search`` (the tool loop's extension chunks, spec 6)
-    come with ``choices: []``."""
+    disclosure, docs/reference/common.md#external-models) and ``web_search`` (the tool loop's
+    extension chunks, docs/reference/chat.md#streams) come with ``choices: []``."""
 
     id: str
     object: Literal["chat.completion.chunk"]

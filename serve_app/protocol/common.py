@@ -1,4 +1,4 @@
-"""Pieces shared by the chat and legacy completion wire formats (spec 2.7, 2.8)."""
+"""Pieces shared by the chat and legacy completion wire formats (docs/reference/chat.md)."""
 
 from __future__ import annotations
 
@@ -123,10 +123,11 @@ class Usage(BaseModel):
 
 
 class SamplingFields(BaseModel):
-    """Sampling fields common to chat and legacy completions (spec 4.1, 4.2).
+    """Sampling fields common to chat and legacy completions (docs/reference/chat.md).
 
-    ``extra="allow"``: unknown fields are relayed to the engine (spec 9), and
-    the ones the engine cannot honour are named in ``x-service-ignored-params``.
+    ``extra="allow"``: unknown fields are relayed to the engine
+    (docs/reference/common.md#versioning), and the ones the engine cannot honour are named in
+    ``x-service-ignored-params``.
     """
 
     model_config = ConfigDict(extra="allow")

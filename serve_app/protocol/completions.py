@@ -1,4 +1,4 @@
-"""Wire format of the legacy ``POST /v1/completions`` (spec 2.6, 4.2)."""
+"""Wire format of the legacy ``POST /v1/completions`` (docs/reference/chat.md#completions)."""
 
 from __future__ import annotations
 

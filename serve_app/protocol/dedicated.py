@@ -1,7 +1,7 @@
-"""Wire formats of ``/api/dedicated`` (dedicated-api spec section 2).
+"""Wire formats of ``/api/dedicated`` (docs/reference/dedicated.md).
 
 Requests refuse unknown fields (a typo in a scaling policy must not silently
-leave the platform default in force) and are strict about types: the spec's
+leave the platform default in force) and are strict about types: the API's
 integers and booleans are JSON integers and booleans, so ``"1"``, ``2.5``,
 ``true`` for a count or ``1`` for a boolean are 400 ``invalid_value`` rather
 than silently coerced. An integral number written ``2.0`` is the integer 2, as
@@ -107,7 +107,11 @@ class DedicatedScalingBounds(BaseModel):
 class DedicatedEngineConfig(_Request):
     """Engine settings that replace the recipe defaults they name."""
 
-    max_model_len: WholeInt | None = Field(default=None, ge=1024, description="Context window.")
+    max_model_len: WholeInt | None = Field(
+        default=None,
+        ge=64,
+        description="Context window; the model's offer bounds it (chat models: >= 1024).",
+    )
     max_num_seqs: WholeInt | None = Field(
         default=None, ge=1, description="Sequences batched at once."
     )

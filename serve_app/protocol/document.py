@@ -1,7 +1,7 @@
-"""Wire formats of ``POST /v1/detect`` and ``POST /v1/parse`` (spec 2.12, 4.10, 4.11).
+"""Wire formats of ``POST /v1/detect`` and ``POST /v1/parse`` (docs/reference/documents.md).
 
-The spec leaves the result fields open; they are fixed here and documented in
-``docs/api.md``: detect answers ``{id, object, model, regions: [{label, score,
+The result fields are fixed here and documented in
+``docs/reference/documents.md``: detect answers ``{id, object, model, regions: [{label, score,
 box: [x0, y0, x1, y1]}], usage: {images}}`` with pixel boxes of the image as
 sent; parse answers ``{id, object, model, <field>, usage: {images}}`` where
 ``<field>`` is exactly one of ``text``, ``table``, ``tables`` or ``output``,

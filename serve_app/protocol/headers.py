@@ -1,4 +1,5 @@
-"""Response headers of the contract (spec 7) and how their values are made safe.
+"""Response headers of the contract (docs/reference/common.md#response-headers) and how their
+values are made safe.
 
 ``x-service-ignored-params`` names request fields, and field names are the
 client's own text: a name with CR/LF would split the response's headers, and

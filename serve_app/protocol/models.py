@@ -1,4 +1,5 @@
-"""Wire format of ``GET /v1/models`` (spec 2.2, 2.3)."""
+"""Wire format of ``GET /v1/models`` (docs/reference/models.md#model-card,
+docs/reference/common.md#external-models)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,23 @@ class Architecture(BaseModel):
 class ReasoningInfo(BaseModel):
     controllable: bool
     separate_channel: bool
+
+
+class PoolingInfo(BaseModel):
+    """What a pooling model gives (docs/api.md, "Embeddings, rerank and score")."""
+
+    dimensions: int | None = Field(default=None, description="Length of its embeddings.")
+    matryoshka_dimensions: list[int] | None = Field(
+        default=None, description="Values `dimensions` may take; absent: not supported."
+    )
+    score: str | None = Field(
+        default=None,
+        description="bi-encoder: a score is the cosine of the two embeddings; "
+        "cross-encoder: the model reads the pair together.",
+    )
+    truncates: bool = Field(
+        default=False, description="Longer inputs are cut to context_length, not refused."
+    )
 
 
 class ModelCard(BaseModel):
@@ -54,6 +72,11 @@ class ModelCard(BaseModel):
     """What a user must know about what runs (``tier: demo``: random-weight stand-in)."""
     kind: str | None = None
     attribution: str | None = None
+    pooling: PoolingInfo | None = None
+    """Embedding and scoring models only."""
+    parent: str | None = None
+    """LoRA adapters only (``<base>:<adapter>`` ids): the base model's id, as vLLM's own
+    model list names it (docs/reference/adapters.md#models-list)."""
 
 
 class ModelList(BaseModel):

@@ -1,15 +1,15 @@
-"""Wire format of ``POST /v1/responses`` (spec 2.10, 4.3, 6).
+"""Wire format of ``POST /v1/responses`` (docs/reference/responses.md).
 
 Unlike chat, the request is closed: an unlisted field is a 400
 ``unknown_parameter`` (``extra="forbid"``; the error mapper turns pydantic's
 ``extra_forbidden`` into that code). Input items and tools stay loosely typed
-here and are checked by ``serve_app.inference.responses_input`` so every
+here and are checked by ``serve_app.inference.responses.input`` so every
 refusal can name its exact ``param`` (``input[2].content[0].type``).
 
 What the route writes (the Response, its output items and every named stream
 event) is TypedDicts: the Response is rebuilt into events as it grows, and one
 event is written per token, so a dict checked by mypy and serialized by a
-``TypeAdapter`` built once per type (``serve_app.inference.responses_render``)
+``TypeAdapter`` built once per type (``serve_app.inference.responses.render``)
 costs less than a model instance. A key not written is not sent; a key written
 as ``None`` is ``null``. The shapes are Open Responses 2026-04-24's, plus the
 extensions and deviations docs/api.md lists.
@@ -29,19 +29,32 @@ ItemStatus = Literal["in_progress", "completed", "incomplete", "failed"]
 
 
 class ReasoningParam(BaseModel):
-    """``reasoning``: ``effort`` switches deliberation; ``summary`` is refused."""
+    """``reasoning``: ``effort`` switches deliberation; no summary is ever produced."""
 
     model_config = ConfigDict(extra="forbid")
 
     effort: str | None = Field(default=None, description="none, minimal, low, medium, high.")
-    summary: Any = Field(default=None, description="Not supported: 400 when set.")
+    summary: Literal["auto", "concise", "detailed"] | None = Field(
+        default=None,
+        description="Accepted and not honoured (no summary is written): named in "
+        "x-service-ignored-params.",
+    )
+
+
+Includable = Literal[
+    "message.output_text.logprobs",
+    "web_search_call.action.sources",
+    "code_interpreter_call.outputs",
+]
+"""``include`` values the route honours; any other is 400 ``unsupported_parameter``."""
+INCLUDABLE: frozenset[str] = frozenset(Includable.__args__)  # type: ignore[attr-defined]
 
 
 _INPUT_ITEMS = {"type": "array", "items": {"type": "object"}, "minItems": 1}
 
 
 class ResponsesRequest(BaseModel):
-    """Request body; every field of spec 4.3 and nothing else."""
+    """Request body; every field of docs/reference/responses.md#request and nothing else."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -50,22 +63,45 @@ class ResponsesRequest(BaseModel):
         description="A user turn as a string, or input items (message, function_call, "
         "function_call_output)."
     )
+    background: bool | None = Field(default=None, description="Only false (nothing is queued).")
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    include: list[str] | None = Field(
+        default=None,
+        description="Extra output: message.output_text.logprobs, "
+        "web_search_call.action.sources, code_interpreter_call.outputs (always sent).",
+    )
     instructions: str | None = Field(default=None, description="Prepended as a system turn.")
     max_output_tokens: int | None = Field(default=None, ge=1, description="Cap on output.")
     metadata: dict[str, Any] | None = Field(default=None, description="Echoed, not stored.")
     parallel_tool_calls: bool | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     previous_response_id: str | None = Field(default=None, description="Must be null.")
+    prompt_cache_key: str | None = Field(
+        default=None, description="Accepted, not used (prefix caching needs no key)."
+    )
     reasoning: ReasoningParam | None = None
+    safety_identifier: str | None = Field(default=None, description="Accepted, not used.")
     seed: int | None = None
+    service_tier: str | None = Field(
+        default=None, description="auto or default; any other is accepted and not honoured."
+    )
     store: bool | None = Field(default=None, description="Must be false (stateless route).")
     stream: bool = Field(default=False, description="Answer as named server-sent events.")
     temperature: float | None = Field(default=None, ge=0, le=2)
-    text: dict[str, Any] | None = Field(default=None, description="Only {format: {type: text}}.")
+    text: dict[str, Any] | None = Field(
+        default=None, description="format: text, json_schema or json_object; verbosity."
+    )
     tool_choice: str | dict[str, Any] | None = None
     tools: Annotated[
         list[dict[str, Any]] | None, WithJsonSchema(tools_schema(RESPONSES_FUNCTION_TOOL))
     ] = None
+    top_logprobs: int | None = Field(
+        default=None, ge=0, le=20, description="With include message.output_text.logprobs."
+    )
     top_p: float | None = Field(default=None, gt=0, le=1)
+    truncation: Literal["auto", "disabled"] | None = Field(
+        default=None, description="Always disabled: an over-long input is a 400, never cut."
+    )
     user: str | None = Field(default=None, description="End-user id; accepted, not used.")
 
     @field_validator("input")
@@ -91,10 +127,26 @@ class UrlCitation(TypedDict):
     end_index: int
 
 
+class TopLogprob(TypedDict):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TypedDict):
+    """One answer token (``include: [message.output_text.logprobs]``), as vLLM wrote it."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
 class OutputTextPart(TypedDict):
     type: Literal["output_text"]
     text: str
     annotations: list[UrlCitation]
+    logprobs: NotRequired[list[TokenLogprob]]
 
 
 class ReasoningTextPart(TypedDict):
@@ -116,7 +168,8 @@ class MessageItem(TypedDict):
 
 
 class ReasoningItem(TypedDict):
-    """Separate-channel reasoning; ``summary`` stays empty (spec 2.10)."""
+    """Separate-channel reasoning; ``summary`` stays empty
+    (docs/reference/responses.md#response-object)."""
 
     id: str
     type: Literal["reasoning"]
@@ -181,7 +234,7 @@ class OutputTokensDetails(TypedDict):
 class ResponseUsage(TypedDict):
     """``input_tokens_details`` always (0 cached when the engine counted none);
     ``output_tokens_details`` only when the engine reported the reasoning split
-    (spec 2.7: never a made-up 0)."""
+    (docs/reference/chat.md#usage: never a made-up 0)."""
 
     input_tokens: int
     output_tokens: int
@@ -230,11 +283,22 @@ class FunctionToolChoice(TypedDict):
 
 
 class TextFormat(TypedDict):
-    type: Literal["text"]
+    type: Literal["text", "json_object"]
+
+
+class JsonSchemaFormat(TypedDict):
+    type: Literal["json_schema"]
+    name: str
+    schema: dict[str, Any]
+    description: str | None
+    strict: bool | None
+
+
+TextFormatEcho = TextFormat | JsonSchemaFormat
 
 
 class TextConfig(TypedDict):
-    format: TextFormat
+    format: TextFormatEcho
 
 
 class ReasoningEcho(TypedDict):
@@ -244,7 +308,7 @@ class ReasoningEcho(TypedDict):
 
 class ResponseSettings(TypedDict):
     """The ``ResponseResource`` fields stating how the response was generated: what was
-    applied, never a null where a value applied (``serve_app.inference.responses_echo``)."""
+    applied, never a null where a value applied (``serve_app.inference.responses.echo``)."""
 
     instructions: str | None
     tools: Annotated[
@@ -272,7 +336,8 @@ class ResponseSettings(TypedDict):
 
 
 class ResponseResource(ResponseSettings):
-    """The Response object (spec 2.10), an Open Responses 2026-04-24 ``ResponseResource``.
+    """The Response object (docs/reference/responses.md#response-object), an Open Responses
+    2026-04-24 ``ResponseResource``.
 
     Output items and the settings fields are described in docs/api.md. Keys are sent
     in the order the builder writes them: ``id`` ... ``error``, the settings, then
@@ -298,7 +363,7 @@ class ResponseResource(ResponseSettings):
     routing: NotRequired[dict[str, Any]]
 
 
-# -- stream events (spec 6) -----------------------------------------------------------
+# -- stream events (docs/reference/responses.md#stream-events) ------------------------------
 # Each begins with ``type`` (also the SSE ``event:`` name) and ``sequence_number``.
 
 
@@ -343,7 +408,7 @@ class OutputTextDeltaEvent(TypedDict):
     output_index: int
     content_index: int
     delta: str
-    logprobs: list[dict[str, Any]]
+    logprobs: list[TokenLogprob]
 
 
 class OutputTextDoneEvent(TypedDict):
@@ -353,7 +418,7 @@ class OutputTextDoneEvent(TypedDict):
     output_index: int
     content_index: int
     text: str
-    logprobs: list[dict[str, Any]]
+    logprobs: list[TokenLogprob]
 
 
 class AnnotationAddedEvent(TypedDict):
@@ -367,7 +432,8 @@ class AnnotationAddedEvent(TypedDict):
 
 
 class ReasoningTextDeltaEvent(TypedDict):
-    """Spec 6's (OpenAI's) name; Open Responses calls it ``response.reasoning.delta``."""
+    """The name of docs/reference/responses.md#stream-events (OpenAI's); Open Responses calls it
+    ``response.reasoning.delta``."""
 
     type: Literal["response.reasoning_text.delta"]
     sequence_number: int

@@ -1,8 +1,8 @@
 """Published JSON Schemas of ``tools`` entries (chat and responses requests).
 
 The request models keep ``tools`` as plain objects: the entries are checked by
-the code that acts on them (``serve_app.inference.translate``,
-``serve_app.tools.declarations``, ``serve_app.inference.responses_input``), with
+the code that acts on them (``serve_app.inference.chat.translate``,
+``serve_app.tools.declarations``, ``serve_app.inference.responses.input``), with
 errors that name the entry. These schemas state the same rules for the OpenAPI
 document, so a client (or a fuzzer) reading it knows that ``tools: [{}]`` is
 refused: every entry has a known ``type``; a function carries a non-empty name;

@@ -1,8 +1,9 @@
-"""Wire formats of the video generation routes (spec 2.11, 3, 4.6-4.9, 8).
+"""Wire formats of the video generation routes (docs/reference/video.md,
+docs/reference/common.md#limits).
 
-Every bound of spec 4.6/8 is enforced here, so a violation is a 400
-``invalid_value`` naming the field before anything else runs. Numbers are
-strict integers: ``"64"``, ``64.5`` and ``true`` are refused rather than
+Every bound of docs/reference/video.md#create-a-job is enforced
+here, so a violation is a 400 ``invalid_value`` naming the field before anything else runs. Numbers
+are strict integers: ``"64"``, ``64.5`` and ``true`` are refused rather than
 coerced, as a job would otherwise run with a value the caller did not write;
 ``64.0`` is the integer 64 (JSON Schema's reading, so the published schema and
 the server agree). Omitted (or null) sizes are filled by the model's head from its own
@@ -27,7 +28,8 @@ from serve_app.contract.video import (
 from serve_app.protocol.common import WholeInt
 
 MAX_PROMPT_CHARS = 2000
-"""Spec 8: the video prompt is at most 2000 characters (Unicode code points)."""
+"""docs/reference/common.md#limits: the video prompt is at most 2000 characters (Unicode code
+points)."""
 MAX_SEED = 2**63 - 1
 
 
@@ -115,7 +117,8 @@ class VideoResult(BaseModel):
 
 
 class VideoGenerationJob(BaseModel):
-    """Spec 2.11. ``error`` only on failed jobs, ``video`` only on completed ones."""
+    """docs/reference/video.md#job. ``error`` only on failed jobs, ``video`` only on completed
+    ones."""
 
     id: str = Field(description="Begins with vgen_.")
     object: Literal["video.generation"] = "video.generation"

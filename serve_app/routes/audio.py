@@ -1,4 +1,5 @@
-"""``POST /v1/audio/speech`` (spec 4.4) and ``POST /v1/audio/transcriptions`` (spec 4.5).
+"""``POST /v1/audio/speech`` (docs/reference/audio.md#speech) and ``POST /v1/audio/transcriptions``
+(docs/reference/audio.md#transcriptions).
 
 The transcription body is multipart: the body-limit middleware counts it as it
 streams (no buffering) against the file limit plus multipart framing, Starlette
@@ -12,10 +13,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Request, Response, UploadFile
 
-from serve_app.inference.audio_service import AudioService, TranscriptionForm
+from serve_app.inference.audio.service import AudioService, TranscriptionForm
 from serve_app.ingress.deps import InferenceCaller, State
 from serve_app.ingress.openapi import ERROR_RESPONSES
 from serve_app.protocol.audio import TRANSCRIPTION_FORMATS, SpeechRequest, Transcription
+from serve_app.routes.answers import http_response
 
 TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
 STREAMED_PATHS = (TRANSCRIPTIONS_PATH,)
@@ -39,7 +41,7 @@ def body_limits(service: AudioService) -> dict[str, int]:
     summary="Speak text: WAV, mono, 24 kHz, 16-bit PCM",
 )
 async def create_speech(body: SpeechRequest, caller: InferenceCaller, state: State) -> Response:
-    return await state.audio.speech(body, caller)
+    return http_response(await state.audio.speech(body, caller))
 
 
 @router.post(
@@ -67,7 +69,7 @@ async def create_transcription(
 ) -> Response:
     form = await request.form()  # already parsed (and cached) by FastAPI
     ignored = sorted({name for name in form if name not in _FORM_FIELDS})
-    return await state.audio.transcription(
+    answer = await state.audio.transcription(
         TranscriptionForm(
             model=model,
             file=file,
@@ -79,3 +81,4 @@ async def create_transcription(
         ),
         caller,
     )
+    return http_response(answer)

@@ -1,16 +1,13 @@
-"""``POST /v1/chat/completions`` (spec 4.1)."""
+"""``POST /v1/chat/completions`` (docs/reference/chat.md#chat-request)."""
 
 from __future__ import annotations
 
-from typing import Any
+from fastapi import APIRouter, Response
 
-from fastapi import APIRouter
-
-from serve_app.inference.tool_chat import declares_server_tools
-from serve_app.inference.translate import reject_unencodable
 from serve_app.ingress.deps import InferenceCaller, State
 from serve_app.ingress.openapi import ERROR_RESPONSES
 from serve_app.protocol.chat import ChatCompletion, ChatCompletionRequest
+from serve_app.routes.answers import http_response
 
 router = APIRouter(prefix="/v1", tags=["chat"])
 
@@ -23,8 +20,6 @@ router = APIRouter(prefix="/v1", tags=["chat"])
 )
 async def create_chat_completion(
     body: ChatCompletionRequest, caller: InferenceCaller, state: State
-) -> Any:
-    reject_unencodable(body)
-    if declares_server_tools(body):  # the gateway's own tool loop (spec 4.1 rules 5-9)
-        return await state.tool_chat.chat(body, caller)
-    return await state.text.chat(body, caller)
+) -> Response:
+    # The text service, or the gateway's own tool loop (docs/reference/chat.md#server-tools).
+    return http_response(await state.tool_chat.answer(body, caller))

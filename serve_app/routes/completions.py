@@ -1,15 +1,14 @@
-"""``POST /v1/completions`` (legacy, spec 4.2)."""
+"""``POST /v1/completions`` (legacy, docs/reference/chat.md#completions)."""
 
 from __future__ import annotations
 
-from typing import Any
+from fastapi import APIRouter, Response
 
-from fastapi import APIRouter
-
-from serve_app.inference.translate import reject_unencodable
+from serve_app.inference.chat.translate import reject_unencodable
 from serve_app.ingress.deps import InferenceCaller, State
 from serve_app.ingress.openapi import ERROR_RESPONSES
 from serve_app.protocol.completions import Completion, CompletionRequest
+from serve_app.routes.answers import http_response
 
 router = APIRouter(prefix="/v1", tags=["completions"])
 
@@ -20,6 +19,8 @@ router = APIRouter(prefix="/v1", tags=["completions"])
     responses={**ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}},
     summary="Create a legacy text completion",
 )
-async def create_completion(body: CompletionRequest, caller: InferenceCaller, state: State) -> Any:
+async def create_completion(
+    body: CompletionRequest, caller: InferenceCaller, state: State
+) -> Response:
     reject_unencodable(body)
-    return await state.text.completion(body, caller)
+    return http_response(await state.text.completion(body, caller))

@@ -1,7 +1,7 @@
-"""``/api/dedicated``: private, autoscaled model endpoints (dedicated-api spec section 4).
+"""``/api/dedicated``: private, autoscaled model endpoints (docs/reference/dedicated.md#routes).
 
-Thin handlers over ``serve_app.dedicated.facade.Dedicated``. Paths the spec
-leaves open follow the same style (docs/api.md, "Dedicated endpoints"):
+Thin handlers over ``serve_app.dedicated.api.facade.Dedicated``. The paths beyond
+the basic ones follow the same style (docs/reference/dedicated.md#routes):
 ``POST .../pause``, ``POST .../resume``, ``PUT .../engine``,
 ``GET .../telemetry?window=``, ``GET .../scaling-history?limit=``, ``GET .../health``.
 """
@@ -12,7 +12,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from serve_app.dedicated.facade import Dedicated
+from serve_app.dedicated.api.facade import Dedicated
 from serve_app.ingress.deps import DedicatedCaller, State
 from serve_app.ingress.openapi import ERROR_RESPONSES
 from serve_app.protocol.dedicated import (

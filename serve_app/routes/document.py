@@ -1,4 +1,5 @@
-"""``POST /v1/detect`` (spec 4.10) and ``POST /v1/parse`` (spec 4.11).
+"""``POST /v1/detect`` (docs/reference/documents.md#detect) and ``POST /v1/parse``
+(docs/reference/documents.md#parse).
 
 Thin: the body is parsed by pydantic, everything else (catalog, image,
 refusals, head call, billing) is ``DocumentService``'s.
@@ -6,12 +7,12 @@ refusals, head call, billing) is ``DocumentService``'s.
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Response
 
 from serve_app.ingress.deps import InferenceCaller, State
 from serve_app.ingress.openapi import ERROR_RESPONSES
 from serve_app.protocol.document import DetectRequest, DetectResponse, ParseRequest, ParseResponse
+from serve_app.routes.answers import http_response
 
 router = APIRouter(prefix="/v1", tags=["documents"])
 
@@ -22,8 +23,8 @@ router = APIRouter(prefix="/v1", tags=["documents"])
     responses=ERROR_RESPONSES,
     summary="Detect regions (tables) in an image: label, score and pixel box each",
 )
-async def detect(body: DetectRequest, caller: InferenceCaller, state: State) -> JSONResponse:
-    return await state.documents.detect(body, caller)
+async def detect(body: DetectRequest, caller: InferenceCaller, state: State) -> Response:
+    return http_response(await state.documents.detect(body, caller))
 
 
 @router.post(
@@ -32,5 +33,5 @@ async def detect(body: DetectRequest, caller: InferenceCaller, state: State) -> 
     responses=ERROR_RESPONSES,
     summary="Read an image: text, a chart's data table, HTML tables or LaTeX, per model",
 )
-async def parse(body: ParseRequest, caller: InferenceCaller, state: State) -> JSONResponse:
-    return await state.documents.parse(body, caller)
+async def parse(body: ParseRequest, caller: InferenceCaller, state: State) -> Response:
+    return http_response(await state.documents.parse(body, caller))

@@ -1,4 +1,5 @@
-"""``GET /v1/models`` (spec 4.12) and ``GET /v1/models/{id}`` (the SDK's ``models.retrieve``)."""
+"""``GET /v1/models`` (docs/reference/models.md#list-models) and ``GET /v1/models/{id}`` (the SDK's
+``models.retrieve``)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ router = APIRouter(prefix="/v1", tags=["models"])
     summary="List the models the caller may use",
 )
 async def list_models(caller: InferenceCaller, state: State) -> JSONResponse:
-    # exclude_none: absent keys stay absent (spec 2.2: "absent (not null)").
-    return JSONResponse(state.catalog.model_list(caller).model_dump(exclude_none=True))
+    # exclude_none: absent keys stay absent, never null (docs/reference/models.md#model-card).
+    listed = state.catalog.model_list(caller)
+    listed.data.extend(await state.adapters.cards(caller))  # the organization's adapters
+    return JSONResponse(listed.model_dump(exclude_none=True))
 
 
 @router.get(
@@ -36,6 +39,8 @@ async def retrieve_model(model_id: str, caller: InferenceCaller, state: State) -
     if not model_id.strip("/"):  # "/v1/models/": the list, as before this route existed
         return await list_models(caller, state)
     card = state.catalog.card_for(model_id, caller)
+    if card is None:
+        card = next((c for c in await state.adapters.cards(caller) if c.id == model_id), None)
     if card is None:
         raise model_not_found(model_id)
     return JSONResponse(card.model_dump(exclude_none=True))

@@ -1,14 +1,13 @@
-"""``POST /v1/responses`` (spec 4.3)."""
+"""``POST /v1/responses`` (docs/reference/responses.md#request)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from serve_app.ingress.deps import InferenceCaller, State
 from serve_app.ingress.openapi import ERROR_RESPONSES
 from serve_app.protocol.responses import ResponseResource, ResponsesRequest
+from serve_app.routes.answers import http_response
 
 router = APIRouter(prefix="/v1", tags=["responses"])
 
@@ -19,5 +18,7 @@ router = APIRouter(prefix="/v1", tags=["responses"])
     responses={**ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}},
     summary="Create a response (stateless; JSON, or named server-sent events with stream=true)",
 )
-async def create_response(body: ResponsesRequest, caller: InferenceCaller, state: State) -> Any:
-    return await state.responses.create(body, caller)
+async def create_response(
+    body: ResponsesRequest, caller: InferenceCaller, state: State
+) -> Response:
+    return http_response(await state.responses.create(body, caller))

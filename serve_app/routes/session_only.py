@@ -1,4 +1,5 @@
-"""Dashboard operations that need a browser session (spec 5 rule 4).
+"""Dashboard operations that need a browser session
+(docs/reference/common.md#scopes-and-session-only-routes).
 
 Credential, organization, billing and admin operations are session-only. The
 gateway has no session login yet, so an API key reaching them gets 403
@@ -14,7 +15,7 @@ from serve_app.protocol.errors import PermissionDeniedError
 
 router = APIRouter(prefix="/api", tags=["dashboard (session only)"])
 
-# The spec names the kinds of operation (credentials, organization, billing, admin),
+# The API names the kinds of operation (credentials, organization, billing, admin),
 # not their paths: the usual spellings of each are all refused the same way.
 SESSION_ONLY_AREAS = (
     "keys",

@@ -1,4 +1,4 @@
-"""Video generation jobs (spec 4.6-4.9) and the local object store's signed file URLs.
+"""Video generation jobs (docs/reference/video.md) and the local object store's signed file URLs.
 
 Thin: bodies are parsed by pydantic, everything else is ``VideoService``'s.
 ``GET /v1/video/files/{key}`` takes no API key: the URL's expiring HMAC
@@ -9,7 +9,7 @@ signature is its credential, as a presigned S3 URL's is (it is what
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, Response
 
 from serve_app.ingress.deps import InferenceCaller, State
 from serve_app.ingress.openapi import ERROR_RESPONSES
@@ -18,6 +18,7 @@ from serve_app.protocol.video import (
     VideoGenerationJobList,
     VideoGenerationRequest,
 )
+from serve_app.routes.answers import http_response
 
 router = APIRouter(prefix="/v1/video", tags=["video"])
 
@@ -31,8 +32,8 @@ router = APIRouter(prefix="/v1/video", tags=["video"])
 )
 async def create_job(
     body: VideoGenerationRequest, caller: InferenceCaller, state: State, request: Request
-) -> JSONResponse:
-    return await state.video.create(body, caller, str(request.base_url))
+) -> Response:
+    return http_response(await state.video.create(body, caller, str(request.base_url)))
 
 
 @router.get(
@@ -41,8 +42,8 @@ async def create_job(
     responses=ERROR_RESPONSES,
     summary="The caller's 20 most recent video jobs, newest first",
 )
-async def list_jobs(caller: InferenceCaller, state: State, request: Request) -> JSONResponse:
-    return await state.video.list_recent(caller, str(request.base_url))
+async def list_jobs(caller: InferenceCaller, state: State, request: Request) -> Response:
+    return http_response(await state.video.list_recent(caller, str(request.base_url)))
 
 
 @router.get(
@@ -51,10 +52,8 @@ async def list_jobs(caller: InferenceCaller, state: State, request: Request) -> 
     responses=ERROR_RESPONSES,
     summary="One video job, reconciled, with a fresh video URL when completed",
 )
-async def get_job(
-    job_id: str, caller: InferenceCaller, state: State, request: Request
-) -> JSONResponse:
-    return await state.video.get(job_id, caller, str(request.base_url))
+async def get_job(job_id: str, caller: InferenceCaller, state: State, request: Request) -> Response:
+    return http_response(await state.video.get(job_id, caller, str(request.base_url)))
 
 
 @router.post(
@@ -65,8 +64,8 @@ async def get_job(
 )
 async def cancel_job(
     job_id: str, caller: InferenceCaller, state: State, request: Request
-) -> JSONResponse:
-    return await state.video.cancel(job_id, caller, str(request.base_url))
+) -> Response:
+    return http_response(await state.video.cancel(job_id, caller, str(request.base_url)))
 
 
 @router.get(

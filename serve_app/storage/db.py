@@ -79,6 +79,23 @@ def _on_sqlite_begin(conn: Connection) -> None:
     conn.exec_driver_sql(f"BEGIN {mode}")
 
 
+UNREACHABLE_ERRORS: tuple[type[Exception], ...] = (
+    sa.exc.OperationalError,
+    sa.exc.InterfaceError,
+    sa.exc.DisconnectionError,
+    sa.exc.TimeoutError,
+)
+"""What SQLAlchemy raises when the database is out of reach (down, restarting, refusing
+connections, a dropped connection, a full pool), not when a statement or a value was
+wrong: worth retrying later. The ledger keeps its records spooled on these; the error
+mapper answers 503 (``serve_app.ingress.errors``)."""
+
+
+def database_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of ``UNREACHABLE_ERRORS``."""
+    return isinstance(exc, UNREACHABLE_ERRORS)
+
+
 def create_db_engine(url: str) -> Engine:
     """An engine with ``pool_pre_ping`` (a restarted server must not break replicas)."""
     engine = sa.create_engine(url, pool_pre_ping=True)

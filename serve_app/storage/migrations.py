@@ -302,6 +302,100 @@ def _v6_dedicated_rate_cards(conn: Connection) -> None:
     md.create_all(conn)
 
 
+def _v7_batches(conn: Connection) -> None:
+    """Files, batches and their lines; usage records learn which batch they belong to."""
+    md = sa.MetaData()
+    ts = sa.DateTime(timezone=True)
+    text, integer, zero = sa.Text, sa.Integer, sa.text("0")
+    sa.Table(
+        "files",
+        md,
+        sa.Column("id", text, primary_key=True),
+        *(sa.Column(name, text, nullable=False) for name in ("org_id", "user_id", "purpose")),
+        sa.Column("filename", text, nullable=False),
+        sa.Column("bytes", sa.BigInteger, nullable=False),
+        sa.Column("object_key", text, nullable=False),
+        sa.Column("created_at", ts, nullable=False),
+        sa.Index("ix_files_org_created", "org_id", "created_at"),
+    )
+    sa.Table(
+        "batches",
+        md,
+        sa.Column("id", text, primary_key=True),
+        *(sa.Column(name, text, nullable=False) for name in _V7_BATCH_TEXT),
+        sa.Column("meta", text, nullable=True),
+        sa.Column("status", text, nullable=False),
+        *(sa.Column(name, text, nullable=True) for name in _V7_BATCH_OPTIONAL_TEXT),
+        *(
+            sa.Column(name, integer, nullable=False, server_default=zero)
+            for name in ("total", "completed", "failed")
+        ),
+        sa.Column("estimated_tokens", sa.BigInteger, nullable=False, server_default=zero),
+        sa.Column("lease_owner", text, nullable=True),
+        sa.Column("lease_expires_at", ts, nullable=True),
+        sa.Column("created_at", ts, nullable=False),
+        sa.Column("expires_at", ts, nullable=False),
+        *(sa.Column(f"{name}_at", ts, nullable=True) for name in _V7_BATCH_TIMES),
+        sa.Index("ix_batches_org_created", "org_id", "created_at"),
+        sa.Index("ix_batches_status", "status", "created_at"),
+    )
+    sa.Table(
+        "batch_lines",
+        md,
+        sa.Column("batch_id", text, primary_key=True),
+        sa.Column("line", integer, primary_key=True, autoincrement=False),
+        sa.Column("custom_id", text, nullable=False),
+        sa.Column("body", text, nullable=False),
+        sa.Column("status", text, nullable=False),
+        sa.Column("attempts", integer, nullable=False, server_default=zero),
+        sa.Column("lease_owner", text, nullable=True),
+        sa.Column("lease_expires_at", ts, nullable=True),
+        sa.Column("result", text, nullable=True),
+        sa.Column("finished_at", ts, nullable=True),
+        sa.UniqueConstraint("batch_id", "custom_id", name="uq_batch_lines_custom_id"),
+        sa.Index("ix_batch_lines_status", "batch_id", "status"),
+    )
+    md.create_all(conn)
+    conn.execute(sa.text("ALTER TABLE usage_records ADD COLUMN batch_id TEXT"))
+    conn.execute(sa.text("ALTER TABLE usage_records ADD COLUMN batch_discount FLOAT"))
+
+
+_V7_BATCH_TEXT = ("org_id", "user_id", "key_id", "endpoint", "input_file_id", "completion_window")
+_V7_BATCH_OPTIONAL_TEXT = ("output_file_id", "error_file_id", "errors")
+_V7_BATCH_TIMES = (
+    "in_progress",
+    "finalizing",
+    "completed",
+    "failed",
+    "expired",
+    "cancelling",
+    "cancelled",
+)
+
+
+def _v8_adapters(conn: Connection) -> None:
+    """LoRA adapters uploaded per organization (names unique within one)."""
+    md = sa.MetaData()
+    text = sa.Text
+    sa.Table(
+        "adapters",
+        md,
+        sa.Column("id", text, primary_key=True),
+        *(sa.Column(name, text, nullable=False) for name in ("org_id", "user_id", "name")),
+        sa.Column("base_model", text, nullable=False),
+        sa.Column("rank", sa.Integer, nullable=False),
+        sa.Column("target_modules", text, nullable=False),
+        sa.Column("bytes", sa.BigInteger, nullable=False),
+        sa.Column("sha256", text, nullable=False),
+        sa.Column("object_prefix", text, nullable=False),
+        sa.Column("input_per_mtok", sa.Float, nullable=True),
+        sa.Column("output_per_mtok", sa.Float, nullable=True),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.UniqueConstraint("org_id", "name", name="uq_adapters_org_name"),
+    )
+    md.create_all(conn)
+
+
 # ---- The ordered history. Append new migrations at the end. ----------------
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "accounts", _v1_accounts),
@@ -310,6 +404,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "video_jobs", _v4_video_jobs),
     Migration(5, "auth_epoch", _v5_auth_epoch),
     Migration(6, "dedicated_rate_cards", _v6_dedicated_rate_cards),
+    Migration(7, "batches", _v7_batches),
+    Migration(8, "adapters", _v8_adapters),
 )
 
 

@@ -1,8 +1,10 @@
-"""Object storage for generated files (videos): a local folder, or S3 through boto3.
+"""Object storage for files (videos, batch files): a local folder, or S3 through boto3.
 
-Both stores answer the same three calls: ``put`` (the video head uploads a
-finished MP4), ``delete`` (an upload orphaned by a cancellation), and ``url``
-(the gateway resolves a fresh, expiring URL on every read of a job).
+Both stores answer the same four calls: ``put`` (the video head uploads a
+finished MP4; ``/v1/files`` an upload; a batch its output), ``get`` (a file's
+content, a batch's input), ``delete`` (an upload orphaned by a cancellation, a
+deleted file), and ``url`` (the gateway resolves a fresh, expiring URL on every
+read of a job).
 
 - ``LocalObjectStore`` (the embedded default) needs no server: files live under
   ``<state_dir>/objects`` and the gateway serves them itself at
@@ -54,6 +56,10 @@ class ObjectStore(Protocol):
 
     def put(self, key: str, data: bytes, content_type: str) -> None: ...
 
+    def get(self, key: str) -> bytes:
+        """The object's bytes; ``NotFoundError`` when it does not exist."""
+        ...
+
     def delete(self, key: str) -> None: ...
 
     def url(self, key: str, expires_in_s: int, base_url: str) -> str: ...
@@ -90,6 +96,12 @@ class LocalObjectStore:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise _object_not_found() from None
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
@@ -168,6 +180,14 @@ class S3ObjectStore:
         self.client.put_object(
             Bucket=self.bucket, Key=self.prefix + key, Body=data, ContentType=content_type
         )
+
+    def get(self, key: str) -> bytes:
+        try:
+            answer = self.client.get_object(Bucket=self.bucket, Key=self.prefix + key)
+        except self.client.exceptions.NoSuchKey:
+            raise _object_not_found() from None
+        data: bytes = answer["Body"].read()
+        return data
 
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self.prefix + key)

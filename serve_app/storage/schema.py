@@ -116,6 +116,9 @@ usage_records = sa.Table(
     # Added by migration 4 (video jobs): seconds of generated video and their unit price.
     sa.Column("video_seconds", sa.Float, nullable=False, server_default=sa.text("0")),
     sa.Column("per_video_second", sa.Float, nullable=True),
+    # Added by migration 7 (batches): the batch a record was run for, and its discount.
+    sa.Column("batch_id", sa.Text, nullable=True),
+    sa.Column("batch_discount", sa.Float, nullable=True),
     sa.CheckConstraint("status IN ('ok', 'partial', 'aborted')", name="ck_usage_records_status"),
     sa.Index("ix_usage_records_user_created", "user_id", "created_at"),
 )
@@ -162,7 +165,7 @@ dedicated_endpoints = sa.Table(
 )
 
 # One row per replica life, opened when Serve reports it placed and closed when it is gone:
-# the billed minutes (spec 1: boot included, until release).
+# the billed minutes (docs/reference/dedicated.md: boot included, until release).
 dedicated_replicas = sa.Table(
     "dedicated_replicas",
     metadata,
@@ -259,7 +262,7 @@ auth_epoch = sa.Table(
 )
 
 # Rate cards of dedicated endpoints as they changed: minutes are priced at the card in force
-# when they accrued (serve_app.dedicated.rates.month_usage).
+# when they accrued (serve_app.dedicated.pricing.rates.month_usage).
 dedicated_rate_cards = sa.Table(
     "dedicated_rate_cards",
     metadata,
@@ -267,4 +270,113 @@ dedicated_rate_cards = sa.Table(
     sa.Column("effective_from", sa.DateTime(timezone=True), nullable=False),
     sa.Column("card", sa.Text, nullable=False),
     sa.Index("ix_dedicated_rate_cards_effective", "effective_from"),
+)
+
+# Uploaded and generated files (serve_app.files): the bytes live in the object store under
+# ``object_key``; a row belongs to an organization (another org's id is a 404).
+files = sa.Table(
+    "files",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("org_id", sa.Text, nullable=False),
+    sa.Column("user_id", sa.Text, nullable=False),
+    sa.Column("purpose", sa.Text, nullable=False),
+    sa.Column("filename", sa.Text, nullable=False),
+    sa.Column("bytes", sa.BigInteger, nullable=False),
+    sa.Column("object_key", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Index("ix_files_org_created", "org_id", "created_at"),
+)
+
+# LoRA adapters uploaded by organizations (serve_app.adapters): the files live in the object
+# store under ``object_prefix``; a name is unique within its organization.
+adapters = sa.Table(
+    "adapters",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("org_id", sa.Text, nullable=False),
+    sa.Column("user_id", sa.Text, nullable=False),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("base_model", sa.Text, nullable=False),
+    sa.Column("rank", sa.Integer, nullable=False),
+    sa.Column("target_modules", sa.Text, nullable=False),
+    sa.Column("bytes", sa.BigInteger, nullable=False),
+    sa.Column("sha256", sa.Text, nullable=False),
+    sa.Column("object_prefix", sa.Text, nullable=False),
+    sa.Column("input_per_mtok", sa.Float, nullable=True),
+    sa.Column("output_per_mtok", sa.Float, nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.UniqueConstraint("org_id", "name", name="uq_adapters_org_name"),
+)
+
+# Batches (serve_app.batches): one row per batch; the batch-level lease (validation,
+# finalization) is held by one worker at a time.
+BATCH_STATUSES = (
+    "validating",
+    "failed",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "expired",
+    "cancelling",
+    "cancelled",
+)
+batches = sa.Table(
+    "batches",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("org_id", sa.Text, nullable=False),
+    sa.Column("user_id", sa.Text, nullable=False),
+    sa.Column("key_id", sa.Text, nullable=False),
+    sa.Column("endpoint", sa.Text, nullable=False),
+    sa.Column("input_file_id", sa.Text, nullable=False),
+    sa.Column("completion_window", sa.Text, nullable=False),
+    sa.Column("meta", sa.Text, nullable=True),  # JSON object: the batch's metadata
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("output_file_id", sa.Text, nullable=True),
+    sa.Column("error_file_id", sa.Text, nullable=True),
+    sa.Column("errors", sa.Text, nullable=True),  # JSON list of validation errors
+    sa.Column("total", sa.Integer, nullable=False, server_default=sa.text("0")),
+    sa.Column("completed", sa.Integer, nullable=False, server_default=sa.text("0")),
+    sa.Column("failed", sa.Integer, nullable=False, server_default=sa.text("0")),
+    sa.Column("estimated_tokens", sa.BigInteger, nullable=False, server_default=sa.text("0")),
+    sa.Column("lease_owner", sa.Text, nullable=True),
+    sa.Column("lease_expires_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    *(
+        sa.Column(f"{name}_at", sa.DateTime(timezone=True), nullable=True)
+        for name in (
+            "in_progress",
+            "finalizing",
+            "completed",
+            "failed",
+            "expired",
+            "cancelling",
+            "cancelled",
+        )
+    ),
+    sa.Index("ix_batches_org_created", "org_id", "created_at"),
+    sa.Index("ix_batches_status", "status", "created_at"),
+)
+
+# One row per input line of a batch. Workers claim lines (``running`` with a lease) and
+# store each result here; the output file is assembled from these rows at finalization,
+# so a line is written once and none is lost whatever worker dies.
+BATCH_LINE_STATUSES = ("pending", "running", "succeeded", "failed")
+batch_lines = sa.Table(
+    "batch_lines",
+    metadata,
+    sa.Column("batch_id", sa.Text, primary_key=True),
+    sa.Column("line", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("custom_id", sa.Text, nullable=False),
+    sa.Column("body", sa.Text, nullable=False),  # the line's request body (JSON)
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default=sa.text("0")),
+    sa.Column("lease_owner", sa.Text, nullable=True),
+    sa.Column("lease_expires_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("result", sa.Text, nullable=True),  # the output line (JSON)
+    sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+    sa.UniqueConstraint("batch_id", "custom_id", name="uq_batch_lines_custom_id"),
+    sa.Index("ix_batch_lines_status", "batch_id", "status"),
 )

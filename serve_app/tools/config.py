@@ -78,7 +78,7 @@ class WebSearchOptions(_Strict):
     )
     timeout_s: float = Field(default=10.0, gt=0, description="Per search request.")
     price_per_search: float = Field(
-        default=0.0, ge=0, description="Published in the web_search object (spec 2.5)."
+        default=0.0, ge=0, description="Published in the chat answer's web_search object."
     )
     snippet_chars: int = Field(
         default=400, ge=50, description="Longest snippet per result handed to the model."

@@ -1,4 +1,5 @@
-"""Server-tool declarations: parsing, budgets, entitlement (spec 2.9, 4.1 rule 5, 8).
+"""Server-tool declarations: parsing, budgets, entitlement (docs/reference/chat.md#server-tools,
+docs/reference/common.md#limits).
 
 Both routes declare tools the same way (``web_search``, ``web_fetch``,
 ``code_interpreter`` entries in ``tools``; chat also has
@@ -45,6 +46,11 @@ class ServerToolPlan:
 
     def allows(self, name: str) -> bool:
         return name in self.budgets
+
+    @property
+    def cites(self) -> bool:
+        """Answers may cite sources (``[n]`` markers become annotations)."""
+        return "web_search" in self.budgets or "web_fetch" in self.budgets
 
 
 def _bad(message: str, param: str, code: str = "invalid_value") -> InvalidRequestError:
@@ -138,7 +144,8 @@ def build_plan(
 
 
 def _merge_search_options(seen: dict[str, dict[str, Any]], options: dict[str, Any]) -> None:
-    """``web_search_options`` is the same switch as a ``web_search`` tool (spec 4.1)."""
+    """``web_search_options`` is the same switch as a ``web_search`` tool
+    (docs/reference/chat.md#chat-request)."""
     param = "web_search_options.search_context_size"
     size = (
         _search_size(options["search_context_size"], param)
@@ -158,7 +165,8 @@ def _merge_search_options(seen: dict[str, dict[str, Any]], options: dict[str, An
 
 
 def check_entitlements(plan: ServerToolPlan, principal: Principal, model: CatalogModel) -> None:
-    """Spec 4.1 rule 5: a model with native tool calling (400), then the account flag (403)."""
+    """docs/reference/chat.md#server-tools: a model with native tool calling (400), then the account
+    flag (403)."""
     if not plan.declared:
         return
     if not model.native_tool_calling:

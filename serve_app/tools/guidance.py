@@ -2,9 +2,10 @@
 
 Server tools reach the model as ordinary function declarations (the chat
 template renders them like client functions), plus a short guidance paragraph
-merged into the system turn (the ``instructions`` on the responses route), so
-the model knows to cite sources as ``[n]``: the gateway turns exactly those
-markers into ``url_citation`` annotations.
+merged into the system turn (the ``instructions`` on the responses route) that
+says when to call each one and when to answer without a tool. How to cite
+(``[n]``, which the gateway turns into ``url_citation`` annotations) is said with
+the numbered results themselves (``CITATION_RULE``), never before a source exists.
 
 What ``web_search`` searches depends on the provider: SearXNG and Brave search the
 live web, the ``local`` provider only the pages an operator indexed on this service.
@@ -67,11 +68,26 @@ _GUIDANCE = {
     "web_fetch": "web_fetch to read a page",
     "code_interpreter": "code_interpreter to run Python (print what you need)",
 }
+_WHEN = {
+    "web_search": "Call web_search when the user asks you to search, look up, find or check "
+    "something, or asks about news, recent events or facts that change over time (who holds "
+    "an office, the latest version or winner, opening hours) that no other tool provides; do "
+    "not answer those from memory.",
+    "web_fetch": "Call web_fetch to read a URL the user gives.",
+}
+_ANSWER_DIRECTLY = (
+    "Answer directly, without a tool, when none is needed: greetings, thanks, arithmetic, "
+    "writing, translation, code and stable general knowledge (definitions, capitals, history)."
+)
 
 CITATION_RULE = (
-    "Tool results are numbered like [1]. When you use a fact from a result, cite it right "
-    "after the claim with its number in brackets, e.g. [1] or [1][3]; never invent numbers."
+    "Cite a fact you use from these results right after the claim with its number in "
+    "brackets, e.g. [1] or [1][3]; never cite a number not listed here."
 )
+"""Closes every search result and fetched page the model reads. The first turn says
+nothing of markers: told about ``[1]`` before any source exists, Qwen2.5-Coder-1.5B
+answered a bare ``[1]`` instead of calling a tool (bench/tool_decisions.py)."""
+NO_SOURCES = "No results, so there is nothing to cite: write no [n] markers."
 
 
 def _schema(name: str, search_scope: SearchScope) -> dict[str, Any]:
@@ -96,10 +112,11 @@ def guidance_text(plan: ServerToolPlan, *, search_scope: SearchScope) -> str:
         _SEARCH_GUIDANCE[search_scope] if name == "web_search" else _GUIDANCE[name]
         for name in plan.budgets
     ]
-    text = "You can call tools: " + "; ".join(uses) + ". Call a tool only when it helps."
-    if "web_search" in plan.budgets or "web_fetch" in plan.budgets:
-        text += " " + CITATION_RULE
-    return text
+    text = "You can call tools: " + "; ".join(uses) + "."
+    for name in plan.budgets:
+        if name in _WHEN:
+            text += " " + _WHEN[name]
+    return text + " " + _ANSWER_DIRECTLY
 
 
 def merge_guidance(messages: list[dict[str, Any]], guidance: str) -> list[dict[str, Any]]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serve_app.tools.local_pages import Document, PageError, load_documents
-from serve_app.tools.search import SearchError, SearchHit
+from serve_app.tools.search_provider import SearchError, SearchHit
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,8 @@ sandbox); ``ToolBox`` is one request's view of them: it counts calls against
 the plan's budgets, numbers sources for citations, and turns every outcome,
 failures included, into a ``ToolCallRecord`` (the output item) and the text
 fed back to the model. A backend failure is a ``failed`` record, never an
-exception: the request goes on (spec 2.10, 4.1 rule 7).
+exception: the request goes on (docs/reference/responses.md#output-items,
+docs/reference/chat.md#server-tools).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from serve_app.protocol.responses import ServerToolCallItem, ServerToolItemType
 from serve_app.tools.citations import SourceList
 from serve_app.tools.config import ToolsOptions
 from serve_app.tools.declarations import CODE_SECONDS_PER_REQUEST, ServerToolPlan
-from serve_app.tools.guidance import SearchScope
+from serve_app.tools.guidance import CITATION_RULE, NO_SOURCES, SearchScope
 from serve_app.tools.local_search import LocalSearchProvider
 from serve_app.tools.safe_fetch import FetchError, SafeFetcher
 from serve_app.tools.sandbox import CodeSandbox
@@ -40,7 +41,8 @@ _MIN_CODE_SECONDS = 1.0
 
 @dataclass
 class ToolCallRecord:
-    """One executed server-tool call: a ``<tool>_call`` output item (spec 2.10)."""
+    """One executed server-tool call: a ``<tool>_call`` output item
+    (docs/reference/responses.md#output-items)."""
 
     id: str
     kind: str
@@ -121,6 +123,9 @@ class ToolBox:
     code_seconds: float = 0.0
     billed_seconds: float = 0.0
     sources: SourceList = field(default_factory=SourceList)
+    action_sources: bool = False
+    """Each search's result URLs go on its item's ``action.sources`` (responses
+    ``include: [web_search_call.action.sources]``)."""
     _billed: tuple[int, float] = (0, 0.0)
 
     def live_tools(self) -> list[str]:
@@ -166,13 +171,15 @@ class ToolBox:
             raise ValueError("web_search needs a non-empty query")
         hits = await self.runtime.search.search(query, self.plan.results_per_search)
         self.searches += 1  # billed: the provider answered
+        if self.action_sources:
+            record.action["sources"] = [{"type": "url", "url": hit.url} for hit in hits]
         if not hits:
-            return "No results."
+            return NO_SOURCES if not self.sources else "No results."
         lines = []
         for hit in hits:
             source = self.sources.add(hit.url, hit.title)
             lines.append(f"[{source.index}] {hit.title}\nURL: {hit.url}\n{hit.snippet}".strip())
-        return "\n\n".join(lines)
+        return "\n\n".join(lines) + "\n\n" + CITATION_RULE
 
     async def _fetch(self, record: ToolCallRecord) -> str:
         url = str(record.action.get("url") or "").strip()
@@ -185,7 +192,7 @@ class ToolBox:
             page = await self.runtime.fetcher.get(url)
             title, text = page_text(page, self.runtime.options.web_fetch.max_chars)
         source = self.sources.add(url, title)
-        return f"[{source.index}] {title}\nURL: {url}\n\n{text}"
+        return f"[{source.index}] {title}\nURL: {url}\n\n{text}\n\n{CITATION_RULE}"
 
     async def _stored_page(self, url: str) -> tuple[str, str] | None:
         """A page of the local search index, read without the network (``serve_fetches``)."""
@@ -217,7 +224,7 @@ class ToolBox:
     def take_billable(self) -> tuple[int, float]:
         """Searches and code seconds since the last call, for the usage record.
 
-        Spec 4.1 rule 6: searches per executed search (the provider answered),
+        docs/reference/chat.md#server-tools: searches per executed search (the provider answered),
         code per second: each run's wall time rounded up to whole seconds.
         """
         searches = self.searches - self._billed[0]

@@ -6,7 +6,7 @@ through ``RemoteSandbox``. ``deployments.sandbox.bwrap.BwrapSandbox`` in-process
 for unit tests and for a config with ``tool_runner.enabled: false``; the composition root
 (``serve_app.composition``) builds it, so the gateway's tools import nothing of the heads.
 Either way a failure to run is a ``SandboxUnavailableError``, which the tool loop turns
-into a failed call (spec 2.10).
+into a failed call (docs/reference/responses.md#output-items).
 """
 
 from __future__ import annotations

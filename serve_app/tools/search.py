@@ -15,35 +15,29 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 
+from serve_app.tools import local_search
 from serve_app.tools.config import WebSearchOptions
+from serve_app.tools.search_provider import (
+    DisabledSearchProvider,
+    SearchError,
+    SearchHit,
+    SearchProvider,
+)
 
-
-class SearchError(Exception):
-    """The search did not run; the message is safe to show the model."""
-
-
-@dataclass(frozen=True)
-class SearchHit:
-    title: str
-    url: str
-    snippet: str
-
-
-class SearchProvider(Protocol):
-    async def search(self, query: str, count: int) -> list[SearchHit]: ...
-
-
-class DisabledSearchProvider:
-    """No provider configured: every search fails (a failed item, never a failed request)."""
-
-    async def search(self, query: str, count: int) -> list[SearchHit]:
-        raise SearchError("web search is not configured on this gateway")
+__all__ = [
+    "BraveProvider",
+    "DisabledSearchProvider",
+    "SearchError",
+    "SearchHit",
+    "SearchProvider",
+    "SearxngProvider",
+    "build_search_provider",
+]
 
 
 class _HttpProvider:
@@ -128,9 +122,7 @@ def build_search_provider(options: WebSearchOptions, state_dir: Path | None) -> 
 
 
 def _local_provider(options: WebSearchOptions, state_dir: Path | None) -> SearchProvider:
-    # Imported here: local_search builds on this module's SearchHit and SearchError.
     from serve_app.config import REPO_ROOT
-    from serve_app.tools import local_search
 
     local = options.local
     if local.index_path:

@@ -24,7 +24,7 @@ def status() -> dict[str, Any]:
     import ray
 
     from deployments.dedicated_head import DedicatedHead
-    from serve_app.dedicated.ray_backend import RayServeBackend
+    from serve_app.dedicated.control.ray_backend import RayServeBackend
 
     apps = {
         name: {

@@ -44,7 +44,7 @@ import pytest
 
 from serve_app.auth.accounts import AccountStore
 from serve_app.config import REPO_ROOT
-from serve_app.dedicated.meter import PLACEMENT_GRACE
+from serve_app.dedicated.pricing.meter import PLACEMENT_GRACE
 from serve_app.settings import GatewaySettings
 from serve_app.storage.db import Database
 from tests.cluster.local_cluster import LocalCluster, Node, free_port
@@ -79,7 +79,8 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float, every: float =
 def gateway_args() -> Json:
     """The session's scripted dedicated model, with every shared replica kept off spot nodes
     (cluster.yaml's placement: ingress on ``gateway_host``, catalog heads on their class)."""
-    (model,) = dedicated_catalog()
+    # Only the chat model: the pooling one would be one more shared head to place off spot nodes.
+    model = next(m for m in dedicated_catalog() if m["id"] == DEDICATED_MODEL)
     deployment = dict(model["deployment"])
     deployment["ray_actor_options"] = {
         **deployment["ray_actor_options"],

@@ -1,6 +1,6 @@
 """Scripted speech and transcription engines for tests of the gateway's own logic.
 
-They follow the engine contract of ``deployments.engines.audio_base`` (async,
+They follow the engine contract of ``deployments.audio.base`` (async,
 blocking work in threads) without a model: speech is a tone whose length
 follows the text, transcription returns configured text. ``delay_s`` holds
 the call on the event loop (timeouts), ``block_s`` blocks a worker thread
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from deployments.engines.audio_base import (
+from deployments.audio.base import (
     SpeechEngine,
     SpeechEngineInfo,
     SynthesizedAudio,
@@ -25,7 +25,7 @@ from deployments.engines.audio_base import (
     TranscriptionEngineInfo,
     TranscriptionOptions,
 )
-from deployments.engines.audio_factory import (
+from deployments.audio.factory import (
     register_speech_backend,
     register_transcription_backend,
 )

@@ -12,6 +12,13 @@ message:
   N OpenAI-style fragments: same ``index``, only the first carries ``id`` and ``name``).
 - ``#script [...]``: a JSON list of turns for tool-loop tests (see ``scripted_turns``).
 - anything else: the reply is ``config["reply"]`` (default echoes the prompt).
+
+With ``config["lora"]`` (``LoraSettings``) it serves LoRA adapters: ``load_adapter`` reads
+the adapter's ``adapter_config.json`` (so a test sees the files reached the head) and a
+reply generated with an adapter starts with ``[<adapter id>]``.
+
+Text deltas carry chat-shaped logprobs when the request relays ``logprobs`` (the
+engine config's ``extra_params`` must list it, as vLLM's heads do).
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from deployments.engines.base import EngineEvent, EngineInfo, PreparedPrompt, TextEngine
+from deployments.text.base import EngineEvent, EngineInfo, PreparedPrompt, TextEngine
+from serve_app.contract.adapters import ADAPTER_CONFIG, LoraSettings
 from serve_app.contract.text import (
     GenerationDone,
     PromptSpec,
@@ -29,7 +37,14 @@ from serve_app.contract.text import (
     TextDelta,
     ToolCallDelta,
 )
-from tests.fakes.scripted_turns import MARKER, fragments, pick_turn, play_turn, turn_number
+from tests.fakes.scripted_turns import (
+    MARKER,
+    fragments,
+    pick_turn,
+    play_turn,
+    turn_number,
+    word_logprobs,
+)
 
 
 class ScriptedEngineError(RuntimeError):
@@ -48,6 +63,25 @@ class ScriptedEngine(TextEngine):
         self.produced: dict[str, tuple[int, int]] = {}
         """The engine's own count per engine request id: (prompt tokens, completion tokens
         yielded so far), kept however the generation ends (tests compare the ledger to it)."""
+        self.adapters: dict[str, dict[str, Any]] = {}
+        """Loaded adapters: model id -> its adapter_config.json."""
+        self.adapter_log: list[tuple[str, str]] = []
+        """("load" | "unload", model id), in order."""
+
+    def lora_settings(self) -> LoraSettings | None:
+        raw = self.config.get("lora")
+        return None if raw is None else LoraSettings.model_validate(raw)
+
+    async def load_adapter(self, model_id: str, path: str) -> None:
+        if self.lora_settings() is None:
+            await super().load_adapter(model_id, path)
+        with open(f"{path}/{ADAPTER_CONFIG}") as handle:
+            self.adapters[model_id] = json.load(handle)
+        self.adapter_log.append(("load", model_id))
+
+    async def unload_adapter(self, model_id: str) -> None:
+        if self.adapters.pop(model_id, None) is not None:
+            self.adapter_log.append(("unload", model_id))
 
     async def start(self) -> EngineInfo:
         return EngineInfo(
@@ -82,6 +116,8 @@ class ScriptedEngine(TextEngine):
         else:
             text = prompt.prompt or ""
         last = self._last_user(prompt)
+        if prompt.adapter is not None and prompt.adapter not in self.adapters:
+            raise ScriptedEngineError(f"adapter {prompt.adapter} is not loaded")
         payload = {"last": last, "prompt": prompt, "turn": turn_number(prompt)}
         return PreparedPrompt(token_ids=self._ids(text), payload=payload)
 
@@ -157,6 +193,8 @@ class ScriptedEngine(TextEngine):
                 produced += 1
                 yield TextDelta(choice, reasoning=word + " ", completion_tokens=produced)
             reply = str(self.config.get("reply", "")) or " ".join(words) or "ok"
+            if adapter := prompt.payload["prompt"].adapter:
+                reply = f"[{adapter}] {reply}"
             tokens = reply.split()
             stop_hit = any(s in tokens for s in sampling.stop)
             for i, word in enumerate(tokens):
@@ -167,7 +205,13 @@ class ScriptedEngine(TextEngine):
                 if produced >= sampling.max_tokens:
                     break
                 produced += 1
-                yield TextDelta(choice, text=(" " if i else "") + word, completion_tokens=produced)
+                piece = (" " if i else "") + word
+                yield TextDelta(
+                    choice,
+                    text=piece,
+                    completion_tokens=produced,
+                    logprobs=word_logprobs(piece, sampling),
+                )
             finish = "length" if produced >= sampling.max_tokens and not stop_hit else "stop"
             yield TextDelta(choice, finish_reason=finish, completion_tokens=produced)
             total += produced

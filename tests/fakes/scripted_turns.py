@@ -23,7 +23,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from deployments.engines.base import EngineEvent
+from deployments.text.base import EngineEvent
 from serve_app.contract.text import (
     GenerationDone,
     PromptSpec,
@@ -78,6 +78,26 @@ def fragments(call: ToolCallDelta, chunks: int) -> list[ToolCallDelta]:
     ]
 
 
+def word_logprobs(word: str, sampling: SamplingSpec) -> dict[str, Any] | None:
+    """Chat-shaped logprobs of one word when the request asked for them (vLLM's shape:
+    ``{"content": [{token, logprob, bytes, top_logprobs}]}``), else None. The logprob is
+    made up but fixed (-0.5), with ``top_logprobs`` alternatives."""
+    if not sampling.extra.get("logprobs"):
+        return None
+    top = int(sampling.extra.get("top_logprobs") or 0)
+    alternatives = [
+        {"token": f"alt{k}", "logprob": -1.0 - k, "bytes": list(f"alt{k}".encode())}
+        for k in range(top)
+    ]
+    entry = {
+        "token": word,
+        "logprob": -0.5,
+        "bytes": list(word.encode()),
+        "top_logprobs": alternatives,
+    }
+    return {"content": [entry]}
+
+
 async def play_turn(
     turn: dict[str, Any], number: int, prompt_tokens: int, sampling: SamplingSpec
 ) -> AsyncIterator[EngineEvent]:
@@ -96,7 +116,10 @@ async def play_turn(
             finish = "length"
             break
         produced += 1
-        yield TextDelta(0, text=(" " if i else "") + word, completion_tokens=produced)
+        piece = (" " if i else "") + word
+        yield TextDelta(
+            0, text=piece, completion_tokens=produced, logprobs=word_logprobs(piece, sampling)
+        )
     calls = _calls(turn, number) if finish != "length" else []
     if calls and "chunks" in turn:
         finish = "tool_calls"

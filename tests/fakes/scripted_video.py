@@ -1,6 +1,6 @@
 """A scripted text-to-video engine for tests of the job machinery (no model).
 
-It follows the engine contract of ``deployments.engines.video_base``: the
+It follows the engine contract of ``deployments.video.base``: the
 render runs in a worker thread, checks ``should_stop`` between "steps" and
 returns distinct ``uint8`` frames of the resolved size. ``hold`` keeps it at its
 first step until the test calls ``release()`` (a job observably running, or
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from deployments.engines.video_base import (
+from deployments.video.base import (
     GeneratedVideo,
     GenerationCancelled,
     StopCheck,

@@ -7,8 +7,9 @@ this module-independent session fixture and keeps ``max_tokens`` small.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -28,6 +29,19 @@ from serve_app.storage.db import Database
 from tests.serve.dedicated_config import CAPACITY_RESOURCES, DEDICATED_ARGS, dedicated_catalog
 
 SMOLLM = "smollm2-135m-instruct"
+JSON_ADAPTER = "json"
+"""The operator adapter on SmolLM2 (``prepared:smollm2-json-lora``, trained with peft)."""
+
+
+WAKE_TIMEOUT_S = 600.0
+"""A sleeping head's wake-up: a replica start plus the engine (~1 min for the 1.5B on two
+cores, more while other heads start)."""
+AWAKE_FOR_S = 8.0
+"""A head seen answering this recently is not asked again before the next test (well
+under the stack's idle window, TEST_IDLE_S, after which a sleeping head sleeps again)."""
+ASLEEP_WAIT_S = 180.0
+"""How long a wake waits for the other sleeping heads to be down first (TEST_IDLE_S of
+idleness, then the replica's stop)."""
 
 
 @dataclass
@@ -35,6 +49,87 @@ class ServeStack:
     base_url: str
     key: str
     store: AccountStore
+    awake_since: dict[str, float] = field(default_factory=dict)
+
+    def wake(self, *models: str) -> None:
+        """Wait until every named chat model answers in one sweep; a head may sleep (503
+        model_warming).
+
+        The shipped catalog lets the secondary chat heads sleep when idle (scaled to zero);
+        the first call wakes one, as a user's would, and this waits for it as a client
+        honouring ``Retry-After`` does. All are woken together and asked again until one
+        sweep finds each answering: woken one after another, the first could fall asleep
+        again (TEST_IDLE_S) while the last still started, and the test then met a 503.
+        """
+        due = [
+            m
+            for m in models
+            if time.monotonic() - self.awake_since.get(m, -AWAKE_FOR_S) >= AWAKE_FOR_S
+        ]
+        if not due:
+            return
+        self._others_asleep(set(models))
+        deadline = time.monotonic() + WAKE_TIMEOUT_S
+        with self.http() as http:
+            while True:
+                waits = [w for w in (self._ask(http, m) for m in due) if w is not None]
+                if not waits:
+                    break
+                assert time.monotonic() < deadline, f"{due} did not wake in {WAKE_TIMEOUT_S} s"
+                time.sleep(min(min(waits), 5.0))
+        now = time.monotonic()
+        for model in due:
+            self.awake_since[model] = now
+
+    def _others_asleep(self, keep: set[str]) -> None:
+        """Wait until every sleeping head but ``keep`` has no replica left.
+
+        One secondary head awake at a time (tests/serve runs them grouped:
+        ``pytest_collection_modifyitems`` below): awake together, the tool model and the
+        demos took the suite's stack to ~19 GiB of the machine's 24, and Ray's memory
+        monitor killed replicas. A head that is asked nothing sleeps after TEST_IDLE_S.
+        """
+        from ray import serve
+
+        others = {_deployment_name(m) for m in SLEEPING_HEADS if m not in keep}
+        deadline = time.monotonic() + ASLEEP_WAIT_S
+        while time.monotonic() < deadline:
+            app = serve.status().applications.get("gateway")
+            deployments = app.deployments if app is not None else {}
+            awake = [
+                name
+                for name in others
+                if name in deployments and sum(deployments[name].replica_states.values())
+            ]
+            if not awake:
+                return
+            time.sleep(2.0)
+        for model in SLEEPING_HEADS:
+            if model not in keep:
+                self.awake_since.pop(model, None)
+
+    @staticmethod
+    def _ask(http: httpx.Client, model: str) -> float | None:
+        """None when ``model`` answers; else the seconds its ``Retry-After`` asks for."""
+        if model == MINILM:
+            resp = http.post("/v1/embeddings", json={"model": model, "input": "Hi"})
+        else:
+            body = {
+                "model": model,
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 1,
+            }
+            resp = http.post("/v1/chat/completions", json=body)
+        if resp.status_code == 200:
+            return None
+        if resp.status_code == 504:  # a head just woken on a loaded box can be slow at first
+            return 5.0
+        assert resp.status_code == 503, resp.text
+        code = resp.json()["error"]["code"]
+        if code == "model_unavailable":  # its replica was lost or is being replaced
+            return 5.0
+        assert code == "model_warming", resp.text
+        return float(resp.headers["retry-after"])
 
     def openai(self, key: str | None = None) -> openai.OpenAI:
         return openai.OpenAI(
@@ -65,8 +160,16 @@ def _catalog() -> list[dict[str, object]]:
                     "max_num_seqs": 8,
                     "enforce_eager": True,
                     "kv_cache_memory_bytes": 128 * 1024 * 1024,
+                    # LoRA adapters as the local catalog serves them, on the suite's SmolLM2:
+                    # two slots, so three adapters exercise eviction (tests/serve/test_lora_e2e.py).
+                    "lora": {
+                        "max_lora_rank": 8,
+                        "max_loras": 2,
+                        "max_adapter_bytes": 4 * 1024 * 1024,
+                    },
                 },
             },
+            "adapters": [{"name": JSON_ADAPTER, "path": "prepared:smollm2-json-lora"}],
             "deployment": {"ray_actor_options": {"num_cpus": 1}},
         },
         {
@@ -81,6 +184,7 @@ def _catalog() -> list[dict[str, object]]:
         _shipped_entry(QWEN),
         _shipped_entry(VISION),
         _shipped_entry(REASONING),
+        _shipped_entry(MINILM),
         *_audio_catalog(),
         *_video_catalog(),
         *dedicated_catalog(),
@@ -95,11 +199,55 @@ VISION = "smolvlm-tiny-demo"
 REASONING = "qwen3-tiny-reasoning-demo"
 
 
+TEST_IDLE_S = 20
+"""The stack's sleeping heads go back to sleep after this (the shipped catalog: 600 s), so
+the tool model and the demos used by different groups of tests are not awake at once: with
+every chat head awake the suite's stack reached 22 of the machine's 24 GiB."""
+
+
 def _shipped_entry(model_id: str) -> dict[str, object]:
-    """A model of the local catalog exactly as `make run` serves it."""
+    """A model of the local catalog as `make run` serves it (a sleeping head sleeps sooner)."""
     catalog = yaml.safe_load((REPO_ROOT / "configs/catalog/local.yaml").read_text())
     (entry,) = (m for m in catalog["models"] if m["id"] == model_id)
+    scaling = (entry.get("deployment") or {}).get("autoscaling_config")
+    if scaling and scaling.get("min_replicas") == 0:
+        quick = {**scaling, "downscale_delay_s": TEST_IDLE_S}
+        quick["downscale_to_zero_delay_s"] = TEST_IDLE_S
+        entry = {**entry, "deployment": {**entry["deployment"], "autoscaling_config": quick}}
     return dict(entry)
+
+
+MINILM = "all-minilm-l6-v2"
+
+SLEEPING_HEADS = (QWEN, VISION, REASONING, MINILM)
+"""The heads that sleep when idle as shipped, in the order their tests run (grouped)."""
+
+
+def _deployment_name(model_id: str) -> str:
+    """The Serve deployment of a shipped head (``CatalogModel.deployment_name``'s rule)."""
+    entry = _shipped_entry(model_id)
+    safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in model_id)
+    return f"{entry['head']}-{safe}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """End-to-end tests grouped by the sleeping head they wake, the others first.
+
+    Each sleeping head is then woken once for all its tests, and ``ServeStack.wake`` lets
+    the previous group's head fall asleep before the next one starts, so the stack holds
+    one secondary head at a time. Module order is kept inside each group.
+    """
+
+    def group(item: pytest.Item) -> int:
+        if "tests/serve/" not in item.nodeid.replace("\\", "/"):
+            return 0
+        marker = item.get_closest_marker("heads")
+        if marker is None or not marker.args:
+            return 0
+        heads = [SLEEPING_HEADS.index(m) for m in marker.args if m in SLEEPING_HEADS]
+        return 1 + min(heads) if heads else 0
+
+    items.sort(key=group)
 
 
 def _loopback_entry() -> dict[str, object]:
@@ -169,17 +317,26 @@ def _video_catalog() -> list[dict[str, object]]:
     ]
 
 
+@pytest.fixture(autouse=True)
+def _awake_heads(request: pytest.FixtureRequest) -> None:
+    """Wakes the heads a test's ``heads`` marker names before it runs."""
+    marker = request.node.get_closest_marker("heads")
+    if marker is not None:
+        stack: ServeStack = request.getfixturevalue("serve_stack")
+        stack.wake(*marker.args)
+
+
 @pytest.fixture(scope="session")
 def serve_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeStack]:
     import ray
     from ray import serve
 
-    from deployments.engines.model_prep import ensure_model
+    from deployments.models.prepared_models import prepare_in_child
     from serve_app.builders import build_gateway_app
 
-    models = ensure_model(SMOLLM).parent
-    for name in (QWEN, "smolvlm-tiny", "qwen3-tiny"):
-        ensure_model(name, models / name)  # prepared here, with progress, not inside a head
+    models = prepare_in_child(SMOLLM).parent
+    for name in (QWEN, "smolvlm-tiny", "qwen3-tiny", "smollm2-json-lora"):
+        prepare_in_child(name, models / name)  # prepared here, with progress, not inside a head
     # Heads resolve prepared models in this cache, not in the test's state folder
     # (else every session converts SmolLM2 again inside the head, ~35 s).
     os.environ["GATEWAY_MODELS_DIR"] = str(models)
@@ -209,7 +366,11 @@ def serve_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeStack
     ray.init(num_cpus=8, resources=CAPACITY_RESOURCES, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": ingress.free_port("127.0.0.1")})
     app = build_gateway_app(
-        {"catalog": _catalog(), "timeouts": {"first_event_s": 90}, "dedicated": DEDICATED_ARGS}
+        {
+            "catalog": _catalog(),
+            "timeouts": {"first_event_s": 180, "idle_s": 180},
+            "dedicated": DEDICATED_ARGS,
+        }
     )
     serve.run(app, name="gateway", route_prefix="/", blocking=False)
     try:

@@ -10,6 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 DEDICATED_MODEL = "scripted-dedicated"
+DEDICATED_POOLING_MODEL = "scripted-dedicated-embed"
+"""An embedding model for dedicated endpoints: the scripted pooling engine (64-dim vectors
+known from the text) in the real pooling head (tests/serve/test_dedicated_pooling_e2e.py)."""
 
 CAPACITY_RESOURCES = {"capacity_reserved": 1.0, "capacity_spot": 1.0}
 """Both capacity classes declared on the single local node."""
@@ -35,7 +38,23 @@ def dedicated_catalog() -> list[dict[str, Any]]:
                 "ray_actor_options": {"num_cpus": 0.1},
                 "health_check_period_s": 2,
             },
-        }
+        },
+        {
+            "id": DEDICATED_POOLING_MODEL,
+            "head": "pooling",
+            "output_modalities": ["embedding", "score"],
+            "context_length": 32,
+            "pooling": {"dimensions": 64, "score": "bi-encoder"},
+            "engine": {
+                "backend": "tests.fakes.scripted_pooling:ScriptedPoolingEngine",
+                "config": {},
+            },
+            "deployment": {
+                "max_ongoing_requests": 8,
+                "ray_actor_options": {"num_cpus": 0.1},
+                "health_check_period_s": 2,
+            },
+        },
     ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import openai
 import pytest
@@ -163,3 +164,20 @@ def test_external_model_through_the_loopback_provider(serve_stack: ServeStack) -
     assert text.strip()
     assert [x["routing"]["region"] for x in chunks if "routing" in x] == ["local"]
     assert any(x.get("usage") for x in chunks)
+
+
+def test_chat_replica_log_file_has_our_lines_and_requests(serve_stack: ServeStack) -> None:
+    """The chat head's Serve log file (the one the dashboard shows) keeps growing: vLLM's
+    logging set-up no longer closes Serve's handlers in the replica."""
+    import ray
+
+    serve_stack.openai().chat.completions.create(
+        model=SMOLLM, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+    )
+    session = Path(ray._private.worker._global_node.get_session_dir_path())
+    logs = list((session / "logs" / "serve").glob(f"replica_gateway_chat-{SMOLLM}_*.log"))
+    assert logs, "no Serve log file for the SmolLM2 head"
+    text = "\n".join(log.read_text(errors="replace") for log in logs)
+    assert f"head {SMOLLM} ready" in text  # deployments.text.head, at start
+    assert "vLLM engine for" in text  # deployments.text.vllm_engine
+    assert "generate" in text  # Serve's access line for the gateway's call

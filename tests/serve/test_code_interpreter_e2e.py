@@ -36,6 +36,7 @@ from tests.serve.conftest import QWEN, ServeStack
 
 pytestmark = [
     pytest.mark.serve,
+    pytest.mark.heads(QWEN),
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing"),
 ]
 

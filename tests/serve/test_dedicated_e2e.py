@@ -18,8 +18,8 @@ import openai
 import pytest
 
 from deployments.dedicated_head import DedicatedHead
-from serve_app.dedicated.backend import AppObservation, AppSpec
-from serve_app.dedicated.ray_backend import RayServeBackend
+from serve_app.dedicated.control.backend import AppObservation, AppSpec
+from serve_app.dedicated.control.ray_backend import RayServeBackend
 from tests.serve.conftest import ServeStack
 from tests.serve.dedicated_config import DEDICATED_MODEL
 
@@ -194,8 +194,9 @@ def test_scale_to_zero_wake_and_reconciler_restart(
     serve_stack: ServeStack, admin: httpx.Client
 ) -> None:
     from serve_app.config import GatewayAppArgs
-    from serve_app.dedicated.offering import Offerings
-    from serve_app.dedicated.reconciler import Reconciler
+    from serve_app.dedicated.context import DedicatedContext
+    from serve_app.dedicated.control.reconciler import Reconciler
+    from serve_app.dedicated.offer.catalog import Offerings
     from serve_app.dedicated.store import DedicatedStore
     from serve_app.storage.db import Database
     from tests.serve.conftest import _catalog
@@ -224,10 +225,12 @@ def test_scale_to_zero_wake_and_reconciler_restart(
     config = GatewayAppArgs.model_validate({"catalog": _catalog(), "dedicated": DEDICATED_ARGS})
     backend = CountingBackend()
     fresh = Reconciler(
-        DedicatedStore(Database(os.environ["GATEWAY_DATABASE_URL"])),
-        Offerings(config.catalog, config.dedicated),
-        config.dedicated,
-        backend,
+        DedicatedContext(
+            DedicatedStore(Database(os.environ["GATEWAY_DATABASE_URL"])),
+            Offerings(config.catalog, config.dedicated),
+            config.dedicated,
+            backend,
+        )
     )
     before = replica_ids("ded-e2e-zero")
     fresh.converge_once()

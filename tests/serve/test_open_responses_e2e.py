@@ -24,7 +24,7 @@ from PIL import Image
 from tests.fixtures.open_responses import Conformance, parse_sse
 from tests.serve.conftest import QWEN, SMOLLM, VISION, ServeStack
 
-pytestmark = pytest.mark.serve
+pytestmark = [pytest.mark.serve]  # heads per test: QWEN and VISION awake together cost ~8.5 GiB
 
 WEATHER = {  # the compliance tester's tool, as it declares it
     "type": "function",
@@ -187,6 +187,7 @@ def test_truncated(serve_stack: ServeStack, check: Conformance) -> None:
     assert item_done["item"]["status"] == "incomplete"
 
 
+@pytest.mark.heads(QWEN)
 def test_tool_call(serve_stack: ServeStack, check: Conformance) -> None:
     body = _body(
         serve_stack,
@@ -205,6 +206,7 @@ def test_tool_call(serve_stack: ServeStack, check: Conformance) -> None:
     assert body["tools"] == [{**WEATHER, "strict": None}] and body["tool_choice"] == "required"
 
 
+@pytest.mark.heads(QWEN)
 def test_streamed_tool_call(serve_stack: ServeStack, check: Conformance) -> None:
     events = _events(
         serve_stack,
@@ -252,6 +254,7 @@ def _png() -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
+@pytest.mark.heads(VISION)
 def test_image_input(serve_stack: ServeStack, check: Conformance) -> None:
     content = [
         {"type": "input_text", "text": "What do you see in this image? Answer in one sentence."},

@@ -17,7 +17,7 @@ import pytest
 from tests.serve.conftest import QWEN, ServeStack
 from tests.serve.test_tools_images_e2e import WEATHER
 
-pytestmark = pytest.mark.serve
+pytestmark = [pytest.mark.serve, pytest.mark.heads(QWEN)]
 
 TOOL = {"type": "function", **WEATHER["function"]}
 QUESTION = "What is the weather in Paris right now?"

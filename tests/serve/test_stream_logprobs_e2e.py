@@ -10,7 +10,7 @@ import pytest
 
 from tests.serve.conftest import QWEN, ServeStack
 
-pytestmark = pytest.mark.serve
+pytestmark = [pytest.mark.serve, pytest.mark.heads(QWEN)]
 
 
 def test_streamed_logprobs_cover_every_token(serve_stack: ServeStack) -> None:

@@ -18,7 +18,7 @@ from PIL import Image
 
 from tests.serve.conftest import QWEN, VISION, ServeStack
 
-pytestmark = pytest.mark.serve
+pytestmark = [pytest.mark.serve]  # heads per test: QWEN and VISION awake together cost ~8.5 GiB
 
 WEATHER = {
     "type": "function",
@@ -35,6 +35,7 @@ WEATHER = {
 ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 
 
+@pytest.mark.heads(QWEN)
 def test_required_and_named_tool_choice_force_a_call(serve_stack: ServeStack) -> None:
     client = serve_stack.openai()
     for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
@@ -67,6 +68,7 @@ def test_required_and_named_tool_choice_force_a_call(serve_stack: ServeStack) ->
     assert streamed == ["get_weather"]
 
 
+@pytest.mark.heads(QWEN)
 def test_auto_tool_call_streams_as_deltas_and_round_trips(serve_stack: ServeStack) -> None:
     client = serve_stack.openai()
     stream = client.chat.completions.create(
@@ -113,6 +115,7 @@ def test_auto_tool_call_streams_as_deltas_and_round_trips(serve_stack: ServeStac
     assert answer.usage is not None and answer.usage.prompt_tokens > 40
 
 
+@pytest.mark.heads(QWEN)
 def test_responses_function_call_items(serve_stack: ServeStack) -> None:
     tool = {"type": "function", **WEATHER["function"]}
     response = serve_stack.openai().responses.create(
@@ -127,6 +130,7 @@ def test_responses_function_call_items(serve_stack: ServeStack) -> None:
     assert json.loads(calls[0].arguments)["city"]
 
 
+@pytest.mark.heads(QWEN)
 def test_json_schema_and_logprobs(serve_stack: ServeStack) -> None:
     schema = {
         "type": "object",
@@ -186,6 +190,7 @@ def _with_image(url: str) -> list[dict[str, object]]:
     ]
 
 
+@pytest.mark.heads(VISION)
 def test_images_reach_the_engine_and_are_counted(serve_stack: ServeStack) -> None:
     client = serve_stack.openai()
     text_only = client.chat.completions.create(
@@ -216,6 +221,7 @@ def test_images_reach_the_engine_and_are_counted(serve_stack: ServeStack) -> Non
     assert usage is not None and usage.prompt_tokens > text_only.usage.prompt_tokens + 4
 
 
+@pytest.mark.heads(VISION)
 def test_responses_input_image_and_limits(serve_stack: ServeStack) -> None:
     client = serve_stack.openai()
     content = [

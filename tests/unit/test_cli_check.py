@@ -196,14 +196,28 @@ def test_invalid_args_are_reported_not_raised(
     assert "args.ingress.num_replica" in capsys.readouterr().out
 
 
-def test_gateway_run_stops_on_a_broken_config_before_ray_starts(
-    tmp_path: Path, settings: GatewaySettings, capsys: pytest.CaptureFixture[str]
+def test_gateway_run_stops_on_a_broken_config_with_the_checks_report(
+    tmp_path: Path,
+    settings: GatewaySettings,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import ray
+    """The check runs in a child beside the start (Ray and the deploy are stubbed here: the
+    deploy of this config fails too, and the check's report is what the user sees)."""
+    from serve_app.cli import serve
 
+    steps: list[str] = []
+    monkeypatch.setattr(serve, "_start_ray", lambda args: steps.append("ray started"))
+    monkeypatch.setattr(serve, "_stop_ray", lambda: steps.append("ray stopped"))
+
+    def deploy(serve_config: object, args: object) -> None:
+        raise ValueError("no-such-backend: 'no-such-backend' is not a detect engine backend.")
+
+    monkeypatch.setattr(serve, "_deploy", deploy)
+    monkeypatch.setenv("GATEWAY_STATE_DIR", str(tmp_path / "state"))
     config = _write_config(tmp_path, {"catalog": BROKEN_CATALOG[2:3]})
     assert main(["run", "--config", config], settings=settings) == 1
     captured = capsys.readouterr()
-    assert "'no-such-backend' is not a detect engine backend" in captured.out
+    assert "'no-such-backend' is not a detect engine backend" in captured.err
     assert "--skip-check" in captured.err
-    assert not ray.is_initialized()
+    assert steps == ["ray started", "ray stopped"]

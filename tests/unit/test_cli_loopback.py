@@ -11,13 +11,9 @@ import pytest
 from serve_app.auth.accounts import AccountStore
 from serve_app.catalog.config import CatalogModel
 from serve_app.cli import loopback
-from serve_app.cli.serve import (
-    first_answer_model,
-    load_serve_config,
-    prepared_models,
-    uses_loopback_provider,
-)
-from serve_app.inference.external import ExternalHeadClient
+from serve_app.cli.serve import first_answer_model, prepared_models, uses_loopback_provider
+from serve_app.cli.serve_config import load_serve_config
+from serve_app.heads.external import ExternalHeadClient
 from serve_app.settings import GatewaySettings
 from serve_app.storage.db import Database
 
@@ -85,11 +81,13 @@ def test_the_local_config_declares_the_loopback_model() -> None:
     config = load_serve_config("configs/local.yaml")
     assert uses_loopback_provider(config)
     # The external entry adds none; the vision demo is built on SmolLM2 at first start,
-    # the reasoning demo with Qwen2.5-Coder-0.5B's tokenizer (prepared with it).
+    # the reasoning demo with Qwen2.5-Coder-0.5B's tokenizer (prepared with it), the JSON
+    # LoRA adapter trained on SmolLM2.
     assert sorted(prepared_models(config)) == [
         "qwen2.5-coder-1.5b-instruct",
         "qwen3-tiny",
         "smollm2-135m-instruct",
+        "smollm2-json-lora",
         "smolvlm-tiny",
     ]
     # Only SmolLM2 is prepared before Ray starts; the 1.5B tool model (~90 s to convert)

@@ -138,3 +138,32 @@ def test_no_usage_unknown_users_and_bad_dates(
     assert main(["usage", "--user", "x", "--since", "05/01/2024"], settings=settings) == 2
     assert main(["usage", "--help"], settings=settings) == 0
     assert "--since DATE" in capsys.readouterr().out
+
+
+def test_batch_lines_have_rows_of_their_own(
+    capsys: pytest.CaptureFixture[str], settings: GatewaySettings
+) -> None:
+    user_id = seed(settings)
+    db = Database.from_settings(settings)
+    LedgerStore(db).insert(
+        [
+            make_record(
+                "batch_req_1",
+                user_id=user_id,
+                usage=UsageQuantities(1_000_000, 0),
+                batch_id="batch_1",
+                batch_discount=0.5,
+            )
+        ]
+    )
+    db.dispose()
+    code, out = run(capsys, settings, "--user", "alice", "--since", "2024-06-01")
+    assert code == 0
+    rows = {
+        line.split()[0] + (" (batch)" if "(batch)" in line else ""): line
+        for line in out.splitlines()
+    }
+    batch_row = rows["m1 (batch)"].split()
+    # 1M prompt tokens at 1.0 per Mtok, half price; the live m1 row is unchanged.
+    assert batch_row[2:4] == ["1", "1000000"] and batch_row[-2:] == ["0.500000", "eur"]
+    assert rows["m1"].split()[1:3] == ["3", "150"]

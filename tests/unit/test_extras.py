@@ -15,8 +15,8 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from deployments.registry import BACKENDS
 from serve_app.catalog.config import CatalogModel
-from serve_app.cli.backend_requirements import BACKENDS
 from serve_app.config import REPO_ROOT
 
 NO_DEPS_FILE = REPO_ROOT / "requirements" / "document-models.txt"

@@ -23,14 +23,27 @@ and ``importlib.import_module("literal")``. A failure lists each offending
   citations, declarations) and ``serve_app.outbound`` the one address guard: both
   sit below the services, so neither imports ``inference``, ``jobs``, ``dedicated``
   or the ingress; the tool-calling loop that runs the backends is a service
-  (``serve_app.inference.tool_loop``, ``tool_chat``).
+  (``serve_app.inference.chat.tool_loop``, ``chat.tools``);
+- the services (``serve_app.inference``, ``batches``, ``files``, ``adapters``) and the wire
+  types (``protocol``) speak no web framework
+  (neither ``fastapi`` nor ``starlette``): a service returns an answer
+  (``serve_app.inference.answers``: a ``Body`` or a ``FrameStream``) and the route
+  makes it the HTTP response (``serve_app.routes.answers.http_response``).
+
+And no module imports itself back through others: the graph of these imports (every
+import counted, function-level ones too, each to the most specific module of the tree
+it names) has no cycle. A cycle hidden in a function still decides which module must be
+imported first, and it makes the two halves one unit nobody can read alone; the
+failure names each cycle with the ``file:line`` of every import in it.
 """
 
 from __future__ import annotations
 
 import ast
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -44,6 +57,8 @@ ABOVE_FOUNDATIONS = (
     "ingress",
     "inference",
     "jobs",
+    "files",
+    "batches",
     "tools",
     "dedicated",
     "heads",
@@ -56,7 +71,17 @@ MAY_IMPORT_HEADS = ("composition", "builders", "cli")
 """The gateway modules that build heads or their cores (or bind their deployments)."""
 ABOVE_HEAD_CLIENTS = tuple(
     f"serve_app.{p}"
-    for p in ("routes", "ingress", "inference", "jobs", "tools", "dedicated", *MAY_IMPORT_HEADS)
+    for p in (
+        "routes",
+        "ingress",
+        "inference",
+        "jobs",
+        "files",
+        "batches",
+        "tools",
+        "dedicated",
+        *MAY_IMPORT_HEADS,
+    )
 )
 
 
@@ -120,8 +145,18 @@ RULES = (
     ),
     Rule(
         "services and tools import nothing from serve_app.ingress (HTTP only)",
-        lambda src: _within(src, "serve_app.inference", "serve_app.tools"),
+        lambda src: _within(
+            src, "serve_app.inference", "serve_app.tools", "serve_app.files", "serve_app.batches"
+        ),
         lambda dst: _within(dst, "serve_app.ingress"),
+    ),
+    Rule(
+        "services return answers, the routes make them HTTP: no fastapi or starlette below",
+        lambda src: _within(
+            src,
+            *(f"serve_app.{p}" for p in ("inference", "batches", "files", "adapters", "protocol")),
+        ),
+        lambda dst: _within(dst, "fastapi", "starlette"),
     ),
 )
 
@@ -181,24 +216,194 @@ def violations(root: Path) -> list[str]:
 
 
 def test_imports_point_one_way() -> None:
-    assert (REPO_ROOT / "deployments" / "video_head.py").is_file()  # the real tree is scanned
+    assert (REPO_ROOT / "deployments" / "video" / "head.py").is_file()  # the real tree is scanned
     found = violations(REPO_ROOT)
     assert not found, "imports against the layering:\n" + "\n".join(found)
 
 
+def module_files(root: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of ``PACKAGES`` under ``root``."""
+    return {
+        module_name(path, root): path
+        for package in PACKAGES
+        for path in sorted((root / package).rglob("*.py"))
+    }
+
+
+def import_graph(root: Path) -> dict[str, dict[str, int]]:
+    """Module -> {module of the tree it imports: line of the first such import}.
+
+    ``from a.b import c`` counts as an import of ``a.b.c`` where that is a module of the
+    tree, else of ``a.b`` (``c`` is a name defined there); names outside the tree
+    (the standard library, third parties) are left out.
+    """
+    files = module_files(root)
+
+    def in_tree(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, dict[str, int]] = {}
+    for module, path in files.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        edges = graph.setdefault(module, {})
+        for line, name in imported_names(tree, module, path.name == "__init__.py"):
+            target = in_tree(name)
+            if target is not None and target != module:
+                edges.setdefault(target, line)
+    return graph
+
+
+def _strongly_connected(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Tarjan's components of more than one module (iterative: no recursion limit)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, targets = work[-1]
+            target = next(targets, None)
+            if target is not None:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph.get(target, {})))))
+                elif target in on_stack:
+                    low[node] = min(low[node], index[target])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def _shortest_cycle(graph: dict[str, dict[str, int]], members: list[str]) -> list[str]:
+    """The shortest way from the component's first module back to itself, inside it."""
+    start, inside = members[0], set(members)
+    came_from: dict[str, str] = {}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        for target in sorted(graph[node]):
+            if target == start:
+                path = [node]
+                while path[-1] != start:
+                    path.append(came_from[path[-1]])
+                return [*reversed(path), start]
+            if target in inside and target not in came_from:
+                came_from[target] = node
+                queue.append(target)
+    raise AssertionError(f"{members} is not a strongly connected component")
+
+
+def import_cycles(root: Path) -> list[str]:
+    """One line per cycle: each import on it as ``module (file:line) -> imported module``."""
+    graph = import_graph(root)
+    files = module_files(root)
+    described = []
+    for members in _strongly_connected(graph):
+        cycle = _shortest_cycle(graph, members)
+        steps = [
+            f"{src} ({files[src].relative_to(root)}:{graph[src][dst]})"
+            for src, dst in pairwise(cycle)
+        ]
+        line = " -> ".join([*steps, cycle[-1]])
+        if len(members) > len(cycle) - 1:
+            line += f" [all entangled: {', '.join(members)}]"
+        described.append(line)
+    return described
+
+
+def test_no_import_cycles() -> None:
+    assert len(module_files(REPO_ROOT)) > 100  # the real tree is scanned
+    cycles = import_cycles(REPO_ROOT)
+    assert not cycles, "import cycles (break each: move what both need below both):\n" + (
+        "\n".join(cycles)
+    )
+
+
+CYCLIC = {
+    "serve_app/__init__.py": "",
+    "serve_app/cli/__init__.py": "from serve_app.cli import check\n",
+    "serve_app/cli/check.py": "from serve_app.cli.serve import load\n",
+    "serve_app/cli/serve.py": "def f():\n    from .check import run\n",
+    "deployments/__init__.py": "",
+    "deployments/prep.py": "import json\n\n\ndef g():\n    import deployments.tiny_a\n",
+    "deployments/tiny_a.py": "from deployments import tiny_b\n",
+    "deployments/tiny_b.py": "from deployments.prep import build\n",
+}
+ACYCLIC = {
+    "serve_app/__init__.py": "",
+    "serve_app/cli/__init__.py": "from serve_app.cli.check import run\n",
+    "serve_app/cli/check.py": "from serve_app.cli.config import load\nimport serve_app\n",
+    "serve_app/cli/serve.py": "from serve_app.cli import check, config\nimport os\n",
+    "serve_app/cli/config.py": "import yaml\n",
+    "deployments/__init__.py": "",
+    "deployments/prep.py": "from deployments.tiny import build\n",
+    "deployments/tiny.py": "import importlib\nimportlib.import_module('json')\n",
+}
+
+
+@pytest.mark.parametrize(
+    "files, expected",
+    [
+        pytest.param(
+            CYCLIC,
+            [
+                "deployments.prep (deployments/prep.py:5) -> deployments.tiny_a "
+                "(deployments/tiny_a.py:1) -> deployments.tiny_b (deployments/tiny_b.py:1) "
+                "-> deployments.prep",
+                "serve_app.cli.check (serve_app/cli/check.py:1) -> serve_app.cli.serve "
+                "(serve_app/cli/serve.py:2) -> serve_app.cli.check",
+            ],
+            id="function-level, relative and three-module cycles",
+        ),
+        pytest.param(ACYCLIC, [], id="a package importing its modules, no way back"),
+    ],
+)
+def test_the_checker_names_each_cycle_with_its_imports(
+    tmp_path: Path, files: dict[str, str], expected: list[str]
+) -> None:
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert sorted(import_cycles(tmp_path)) == expected
+
+
 UPWARD = {
     "deployments/head.py": "def f():\n    from serve_app.jobs.store import JobStore\n",
-    "deployments/engines/x.py": "import serve_app.settings\n",
-    "deployments/engines/y.py": "from serve_app import settings\n",
-    "deployments/engines/z.py": "import importlib\nimportlib.import_module('serve_app.storage')\n",
+    "deployments/text/x.py": "import serve_app.settings\n",
+    "deployments/text/y.py": "from serve_app import settings\n",
+    "deployments/text/z.py": "import importlib\nimportlib.import_module('serve_app.storage')\n",
     "serve_app/contract/a.py": "from typing import TYPE_CHECKING\n"
-    "if TYPE_CHECKING:\n    from deployments.engines.base import TextEngine\n",
+    "if TYPE_CHECKING:\n    from deployments.text.base import TextEngine\n",
     "serve_app/contract/b.py": "from ..settings import get_settings\n",
-    "serve_app/protocol/c.py": "from deployments.engines import video_base\n",
+    "serve_app/protocol/c.py": "from deployments.video import base\n",
     "serve_app/billing/d.py": "from serve_app.inference.metering import MeteredRequest\n",
     "serve_app/storage/__init__.py": "from . import x\nfrom ..routes import chat\n",
     "serve_app/inference/e.py": "from serve_app.routes.chat import router\n",
-    "serve_app/heads/f.py": "def f():\n    from deployments.chat_head import ChatHeadCore\n",
+    "serve_app/heads/f.py": "def f():\n    from deployments.text.head import ChatHeadCore\n",
     "serve_app/dedicated/g.py": "from deployments.dedicated_head import DedicatedHead\n",
     "serve_app/ingress/h.py": "import deployments.replica_logging\n",
     "serve_app/heads/i.py": "from serve_app.inference.metering import Metering\n",
@@ -206,13 +411,16 @@ UPWARD = {
     "serve_app/tools/k.py": "def f():\n    import serve_app.ingress\n",
     "serve_app/tools/l.py": "from serve_app.inference.metering import MeteredRequest\n",
     "serve_app/outbound/m.py": "from ..inference import images\n",
+    "serve_app/inference/chat/n.py": "from fastapi.responses import JSONResponse\n",
+    "serve_app/batches/o.py": "def f():\n    import starlette.responses\n",
 }
 ALLOWED = {
     "deployments/ok.py": "from serve_app.contract.text import TextDelta\n"
     "from serve_app import contract\nimport serve_app.contract.errors\n",
     "serve_app/contract/ok.py": "from serve_app.contract.errors import HeadFailure\n"
     "from .errors import GatewayError\nimport pydantic\n",
-    "serve_app/routes/ok.py": "from serve_app.inference.metering import MeteredRequest\n",
+    "serve_app/routes/ok.py": "from serve_app.inference.metering import MeteredRequest\n"
+    "from fastapi.responses import Response\nfrom serve_app.inference.answers import Body\n",
     "serve_app/ingress/ok.py": "from serve_app.routes import chat\n"
     "from serve_app.inference.streams import MeteredStream\n",
     "serve_app/inference/ok.py": "from serve_app.tools.runners import ToolBox\n"
@@ -223,8 +431,8 @@ ALLOWED = {
     "from serve_app.catalog.config import PricingConfig\n",
     "serve_app/composition.py": "from deployments.sandbox.bwrap import BwrapSandbox\n"
     "from serve_app.heads.client import RayHeadClient\n",
-    "serve_app/builders.py": "from deployments.chat_head import ChatHead\n",
-    "serve_app/cli/ok.py": "from deployments.engines.model_prep import ensure_model\n",
+    "serve_app/builders.py": "from deployments.text.head import ChatHead\n",
+    "serve_app/cli/ok.py": "from deployments.models.prepared_models import ensure_model\n",
     "serve_app/heads/ok.py": "from serve_app.contract.text import HeadEvent\n"
     "from serve_app.catalog.config import CatalogModel\n",
     "serve_app/dedicated/ok.py": "from serve_app.heads.client import HeadClient\n",
@@ -237,10 +445,11 @@ ALLOWED = {
         pytest.param(
             UPWARD,
             [
-                "deployments/engines/x.py:1",
-                "deployments/engines/y.py:1",
-                "deployments/engines/z.py:2",
                 "deployments/head.py:2",
+                "deployments/text/x.py:1",
+                "deployments/text/y.py:1",
+                "deployments/text/z.py:2",
+                "serve_app/batches/o.py:2",
                 "serve_app/billing/d.py:1",
                 "serve_app/contract/a.py:3",
                 "serve_app/contract/a.py:3",  # the contract, and not the root: two rules
@@ -248,6 +457,7 @@ ALLOWED = {
                 "serve_app/dedicated/g.py:1",
                 "serve_app/heads/f.py:2",
                 "serve_app/heads/i.py:1",
+                "serve_app/inference/chat/n.py:1",
                 "serve_app/inference/e.py:1",
                 "serve_app/inference/j.py:1",
                 "serve_app/ingress/h.py:1",

@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import logging
+import logging.handlers
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from deployments.replica_logging import OUR_LOGGERS, configure_replica_logging
+from deployments.replica_logging import (
+    ENGINE_LOGGERS,
+    OUR_LOGGERS,
+    SERVE_LOGGER,
+    configure_replica_logging,
+)
 
 
 @pytest.fixture
 def clean_loggers() -> Iterator[None]:
-    saved = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).level) for n in OUR_LOGGERS}
+    names = (*OUR_LOGGERS, *ENGINE_LOGGERS)
+    saved = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).level) for n in names}
     yield
     for name, (handlers, level) in saved.items():
         logger = logging.getLogger(name)
@@ -26,9 +34,9 @@ def test_info_records_of_heads_reach_stderr_once(
 ) -> None:
     configure_replica_logging()
     configure_replica_logging()  # a second deployment in the same worker
-    logging.getLogger("deployments.engines.vllm_engine").info("engine up in %.1f s", 12.0)
+    logging.getLogger("deployments.text.vllm_engine").info("engine up in %.1f s", 12.0)
     err = capsys.readouterr().err
-    assert err.count("deployments.engines.vllm_engine: engine up in 12.0 s") == 1
+    assert err.count("deployments.text.vllm_engine: engine up in 12.0 s") == 1
 
 
 def test_the_level_comes_from_the_environment(
@@ -40,3 +48,33 @@ def test_the_level_comes_from_the_environment(
     logging.getLogger("serve_app.x").warning("loud")
     err = capsys.readouterr().err
     assert "quiet" not in err and "loud" in err
+
+
+def test_in_a_serve_replica_records_reach_the_replica_log_file(
+    clean_loggers: None,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Serve's replica logger is a MemoryHandler over the log file the dashboard shows."""
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")  # the engine tests' conftest sets ERROR
+    serve_logger = logging.getLogger(SERVE_LOGGER)
+    saved = serve_logger.handlers[:]
+    log_file = tmp_path / "replica_gateway_chat-x_abc.log"
+    file_handler = logging.FileHandler(log_file)
+    serve_logger.handlers[:] = [logging.handlers.MemoryHandler(1, target=file_handler)]
+    try:
+        configure_replica_logging()
+        logging.getLogger("deployments.text.head").info("head ready")
+        # A child made now: vLLM's own dictConfig, run by an earlier test of the session,
+        # disabled the vLLM loggers that existed then (disable_existing_loggers).
+        logging.getLogger("vllm.replica_logging_probe").info("engine up")
+        file_handler.flush()
+    finally:
+        serve_logger.handlers[:] = saved
+        for name in ENGINE_LOGGERS:
+            logging.getLogger(name).handlers[:] = []
+            logging.getLogger(name).propagate = True
+    text = log_file.read_text()
+    assert "head ready" in text and "engine up" in text
+    assert "head ready" not in capsys.readouterr().err

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from deployments.engines.audio_factory import build_speech_engine, build_transcription_engine
-from deployments.speech_head import SpeechHeadCore
-from deployments.transcription_head import TranscriptionHeadCore
+from deployments.audio.factory import build_speech_engine, build_transcription_engine
+from deployments.audio.speech_head import SpeechHeadCore
+from deployments.audio.transcription_head import TranscriptionHeadCore
 from serve_app.billing.records import UsageRecord
 from serve_app.billing.store import LedgerStore
 from serve_app.heads.client import (

@@ -9,9 +9,9 @@ import wave
 import numpy as np
 import pytest
 
-from deployments.engines.audio_base import strip_emotion_tags
-from deployments.engines.audio_io import decode_audio, encode_wav, resample, to_wire_wav
-from deployments.engines.orpheus_engine import (
+from deployments.audio.audio_io import decode_audio, encode_wav, resample, to_wire_wav
+from deployments.audio.base import strip_emotion_tags
+from deployments.audio.orpheus_engine import (
     custom_token_numbers,
     frames_from_numbers,
     snac_layers,
@@ -118,7 +118,7 @@ def test_snac_codec_decodes_orpheus_frames_to_24k_samples() -> None:
     # The real decode path of the GPU backend, on a small random-weight SNAC 24 kHz layout.
     snac = pytest.importorskip("snac")
     torch = pytest.importorskip("torch")
-    from deployments.engines.orpheus_engine import decode_frames
+    from deployments.audio.orpheus_engine import decode_frames
 
     torch.manual_seed(0)
     model = snac.SNAC(

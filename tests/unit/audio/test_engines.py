@@ -9,8 +9,8 @@ import wave
 import numpy as np
 import pytest
 
-from deployments.speech_head import SpeechHeadCore
-from deployments.transcription_head import TranscriptionHeadCore
+from deployments.audio.speech_head import SpeechHeadCore
+from deployments.audio.transcription_head import TranscriptionHeadCore
 from serve_app.contract.audio import (
     SPEC_VOICES,
     SpeechHeadRequest,

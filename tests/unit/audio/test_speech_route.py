@@ -1,4 +1,5 @@
-"""``POST /v1/audio/speech`` through the real app (spec 2.12, 4.4, 7, 8)."""
+"""``POST /v1/audio/speech`` through the real app (docs/reference/audio.md,
+docs/reference/common.md)."""
 
 from __future__ import annotations
 
@@ -61,8 +62,8 @@ async def test_default_voice_is_tara(audio_gw: GatewayHarness) -> None:
 
 
 async def test_wav_header_fields_are_exact(audio_gw: GatewayHarness) -> None:
-    """Spec 2.12 byte by byte: RIFF size, PCM fmt chunk (mono, 24 kHz, 48000 B/s, align 2,
-    16 bits) and a data chunk holding exactly the rest of the file."""
+    """docs/reference/audio.md byte by byte: RIFF size, PCM fmt chunk (mono, 24 kHz, 48000 B/s,
+    align 2, 16 bits) and a data chunk holding exactly the rest of the file."""
     resp = await post(audio_gw, {"model": PIPER, "input": "Header check.", "voice": "dan"})
     assert resp.status_code == 200, resp.text
     wav = resp.content

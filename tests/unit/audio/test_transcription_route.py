@@ -1,4 +1,5 @@
-"""``POST /v1/audio/transcriptions`` through the real app (spec 2.12, 4.5, 7, 8)."""
+"""``POST /v1/audio/transcriptions`` through the real app (docs/reference/audio.md,
+docs/reference/common.md)."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ async def test_round_trip_through_both_routes(audio_gw: GatewayHarness) -> None:
     assert body["usage"]["seconds"] == pytest.approx((len(speech.content) - 44) / 48_000, abs=0.01)
     [record] = [r for r in await ledger_records(audio_gw, "alice") if r.route == "transcriptions"]
     assert record.audio_seconds == pytest.approx(body["usage"]["seconds"])
-    assert record.completion_tokens > 0  # estimated from the text (spec 2.12)
+    assert record.completion_tokens > 0  # estimated from the text (docs/reference/audio.md)
 
 
 @pytest.mark.parametrize("fmt", list(ENCODINGS))

@@ -78,7 +78,7 @@ async def test_the_poller_stops_when_idle_and_the_next_request_reads_inline(
     try:
         first = await watch.current()
         await asyncio.sleep(0.3)
-        assert watch._poller is not None and watch._poller.done()
+        assert not watch._poller.running
         await asyncio.to_thread(_bump_from_elsewhere, tmp_path)
         # Idle: nothing read the change, so this request must, and must see it.
         assert (await watch.current())[2] == first[2] + 1
@@ -90,6 +90,6 @@ async def test_the_poller_stops_when_idle_and_the_next_request_reads_inline(
 async def test_aclose_stops_the_poller(tmp_path: Path) -> None:
     watch = EpochWatch(_database(tmp_path), poll_s=0.02)
     await watch.current()
-    poller = watch._poller
+    assert watch._poller.running
     await watch.aclose()
-    assert poller is not None and poller.done()
+    assert not watch._poller.running

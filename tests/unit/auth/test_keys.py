@@ -1,4 +1,4 @@
-"""The key format of spec section 5.2 and how keys are hashed."""
+"""The key format of docs/reference/common.md#keys and how keys are hashed."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""AuthService: the 401/403 behaviour of spec section 5 and the verified-key cache."""
+"""AuthService: the 401/403 behaviour of docs/reference/common.md#authentication and the
+verified-key cache."""
 
 from __future__ import annotations
 

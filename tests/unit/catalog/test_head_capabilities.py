@@ -7,6 +7,7 @@ import yaml
 from serve_app.catalog.catalog import supported_parameters
 from serve_app.catalog.config import CatalogModel
 from serve_app.config import REPO_ROOT
+from tests.fixtures.gateway import GatewayHarness
 
 
 def _local(model_id: str) -> CatalogModel:
@@ -34,3 +35,33 @@ def test_vllm_heads_offer_logprobs_and_grammar_outputs() -> None:
 def test_external_models_promise_only_their_catalog_flags() -> None:
     params = set(supported_parameters(_local("loopback/smollm2-135m-instruct")))
     assert not params & {"logprobs", "top_logprobs", "tools"}
+
+
+def test_the_reasoning_demo_promises_no_structured_outputs() -> None:
+    """Its random reasoning never ends, so vLLM's grammar would never apply."""
+    demo = _local("qwen3-tiny-reasoning-demo")
+    assert demo.engine.backend == "vllm" and demo.structured_outputs is False
+    params = set(supported_parameters(demo))
+    assert not params & {"response_format", "structured_outputs"}
+    assert {"logprobs", "reasoning_effort"} <= params
+
+
+async def test_chat_refuses_structured_outputs_where_not_offered(gateway: GatewayHarness) -> None:
+    """``scripted-reasoner`` says ``structured_outputs: false``, as the demo does."""
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    asks = [
+        ("response_format", {"response_format": schema}),
+        ("response_format", {"response_format": {"type": "json_object"}}),
+        ("structured_outputs", {"structured_outputs": {"json": {"type": "object"}}}),
+    ]
+    async with gateway.client(gateway.keys["user"]) as http:
+        for param, fields in asks:
+            body = {"model": "scripted-reasoner", "messages": [{"role": "user", "content": "hi"}]}
+            resp = await http.post("/v1/chat/completions", json={**body, **fields})
+            assert resp.status_code == 400, resp.text
+            assert resp.json()["error"]["code"] == "unsupported_parameter"
+            assert resp.json()["error"]["param"] == param
+        plain = {"type": "text"}  # asks for nothing a grammar does
+        body = {"model": "scripted-reasoner", "messages": [{"role": "user", "content": "hi"}]}
+        resp = await http.post("/v1/chat/completions", json={**body, "response_format": plain})
+        assert resp.status_code == 200, resp.text

@@ -1,4 +1,4 @@
-"""``GET /v1/models`` and the card rules of spec 2.2."""
+"""``GET /v1/models`` and the card rules of docs/reference/models.md#model-card."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import pytest
 from serve_app.auth.accounts import AccountStore
 from serve_app.composition import build_state
 from serve_app.config import GatewayAppArgs
-from serve_app.dedicated.facade import Dedicated
+from serve_app.dedicated.api.facade import Dedicated
 from serve_app.inference.readiness import HeadReadiness
 from serve_app.ingress.app import create_app
 from serve_app.settings import GatewaySettings
@@ -99,12 +99,20 @@ class DedicatedHarness:
 
 
 def build(
-    tmp_path: Path, dedicated: dict[str, Any] | None = None, **app_args: Any
+    tmp_path: Path,
+    dedicated: dict[str, Any] | None = None,
+    catalog: list[dict[str, Any]] | None = None,
+    **app_args: Any,
 ) -> DedicatedHarness:
-    """The harness; ``dedicated`` overrides ``DEDICATED``, ``app_args`` other gateway args."""
+    """The harness; ``dedicated`` overrides ``DEDICATED``, ``catalog`` ``CATALOG``,
+    ``app_args`` other gateway args."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     config = GatewayAppArgs.model_validate(
-        {"catalog": CATALOG, "dedicated": {**DEDICATED, **(dedicated or {})}, **app_args}
+        {
+            "catalog": catalog or CATALOG,
+            "dedicated": {**DEDICATED, **(dedicated or {})},
+            **app_args,
+        }
     )
     settings = GatewaySettings(
         database_url=f"sqlite:///{tmp_path / 'gw.db'}",

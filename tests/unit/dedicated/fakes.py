@@ -6,7 +6,9 @@ replaces the replicas, anything else (autoscaling, queue bound) keeps them. Time
 does not pass by itself: ``boot()`` finishes every pending start, and an engine
 config listed in ``fail_on`` makes starts fail (the app goes DEPLOY_FAILED, as
 Serve does after its constructor retries). Calls run the real ``ChatHeadCore``
-around ``ScriptedEngine``, and a call to a deployment at zero replicas boots one.
+around ``ScriptedEngine`` (a pooling endpoint's: the real ``PoolingHeadCore``
+around ``ScriptedPoolingEngine``), and a call to a deployment at zero replicas
+boots one.
 """
 
 from __future__ import annotations
@@ -17,12 +19,20 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployments.chat_head import ChatHeadCore
+from deployments.embedding.head import PoolingHeadCore
+from deployments.text.head import ChatHeadCore
 from serve_app.contract.dedicated import ReplicaStats, ServedBy
+from serve_app.contract.embedding import (
+    EmbedHeadReply,
+    EmbedHeadRequest,
+    ScoreHeadReply,
+    ScoreHeadRequest,
+)
 from serve_app.contract.text import HeadEvent, HeadRequest
-from serve_app.dedicated.backend import AppObservation, AppSpec, ReplicaObservation
-from serve_app.dedicated.deaths import ReplicaDeath
+from serve_app.dedicated.control.backend import AppObservation, AppSpec, ReplicaObservation
+from serve_app.dedicated.control.deaths import ReplicaDeath
 from tests.fakes.scripted_engine import ScriptedEngine
+from tests.fakes.scripted_pooling import ScriptedPoolingEngine
 
 _ids = itertools.count(1)
 
@@ -62,6 +72,7 @@ class FakeServeBackend:
         self.fail_on: list[dict[str, Any]] = []
         self.other_apps: dict[str, str] = {"gateway": "RUNNING"}
         self.cores: dict[str, ChatHeadCore] = {}
+        self.pooling_cores: dict[str, PoolingHeadCore] = {}
         self.boot_delay_s = 0.0
         """How long a call that boots a replica from zero waits before the replica answers."""
         self.recorded_deaths: dict[str, ReplicaDeath] = {}
@@ -110,6 +121,9 @@ class FakeServeBackend:
     def head_client(self, app_name: str, deployment: str, model_id: str) -> FakeHeadClient:
         return FakeHeadClient(self, app_name, deployment)
 
+    def pooling_client(self, app_name: str, deployment: str, model_id: str) -> FakePoolingClient:
+        return FakePoolingClient(self, app_name, deployment)
+
     async def sample(self, app_name: str, deployment: str, replicas: int) -> list[ReplicaStats]:
         app = self.apps[app_name]
         return [
@@ -152,7 +166,8 @@ class FakeHeadClient:
         self.app_name = app_name
         self.deployment = deployment
 
-    async def stream(self, request: HeadRequest) -> AsyncIterator[HeadEvent | ServedBy]:
+    async def replica(self) -> FakeReplica:
+        """A replica of the deployment to serve the call (booted from zero if none)."""
         app = self.backend.apps[self.app_name]
         running = [r for r in app.replicas if r.deployment == self.deployment]
         if not running:  # scale from zero: the call makes Serve start one
@@ -162,6 +177,11 @@ class FakeHeadClient:
         replica = running[0]
         replica.state = "RUNNING"
         replica.calls += 1
+        return replica
+
+    async def stream(self, request: HeadRequest) -> AsyncIterator[HeadEvent | ServedBy]:
+        app = self.backend.apps[self.app_name]
+        replica = await self.replica()
         core = self.backend.cores.get(self.app_name)
         if core is None:
             config = {"max_model_len": 4096, **app.spec.engine_config}
@@ -170,3 +190,24 @@ class FakeHeadClient:
         yield ServedBy(replica.replica_id)
         async for event in core.generate(request):
             yield event
+
+
+class FakePoolingClient(FakeHeadClient):
+    """A pooling endpoint's deployment: the real ``PoolingHeadCore`` around the scripted
+    pooling engine, started with the app's engine config (384-dimension vectors)."""
+
+    async def embed(self, request: EmbedHeadRequest) -> EmbedHeadReply:
+        return await (await self._core()).embed(request)
+
+    async def score(self, request: ScoreHeadRequest) -> ScoreHeadReply:
+        return await (await self._core()).score(request)
+
+    async def _core(self) -> PoolingHeadCore:
+        await self.replica()
+        core = self.backend.pooling_cores.get(self.app_name)
+        if core is None:
+            config = {"dimensions": 384, **self.backend.apps[self.app_name].spec.engine_config}
+            engine = ScriptedPoolingEngine(config)
+            core = self.backend.pooling_cores[self.app_name] = PoolingHeadCore(engine)
+            await core.start()
+        return core

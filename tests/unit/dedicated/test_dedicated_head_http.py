@@ -15,3 +15,12 @@ def test_direct_http_to_the_replica_is_a_404_envelope_not_a_model_call() -> None
     error = json.loads(response.body)["error"]
     assert error["type"] == "invalid_request_error"
     assert "ded/<slug>" in error["message"]
+
+
+def test_a_pooling_endpoints_replica_answers_direct_http_the_same_way() -> None:
+    # A dedicated endpoint of an embedding model runs the catalog's pooling head.
+    from deployments.embedding.head import PoolingHead
+
+    response = asyncio.run(PoolingHead.func_or_class.__call__(object(), None))
+    assert response.status_code == 404
+    assert "ded/<slug>" in json.loads(response.body)["error"]["message"]

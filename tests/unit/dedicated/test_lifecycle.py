@@ -1,4 +1,5 @@
-"""Spec 3 state machine through the real app and reconciler, on the fake Serve backend."""
+"""The lifecycle (docs/reference/dedicated.md#lifecycle) through the real app and reconciler,
+on the fake Serve backend."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from typing import Any
 import httpx
 
 from serve_app.dedicated.alias import is_dedicated_alias
-from serve_app.dedicated.backend import AppObservation
-from serve_app.dedicated.reconciler import Reconciler
+from serve_app.dedicated.control.backend import AppObservation
+from serve_app.dedicated.control.reconciler import Reconciler
 from tests.unit.dedicated.conftest import DedicatedHarness, create_body
 
 CHAT = {"model": "ded/my-bot", "messages": [{"role": "user", "content": "hello there"}]}
@@ -239,13 +240,7 @@ async def test_new_reconciler_adopts_running_apps_and_leaves_others(ded: Dedicat
         replicas = ded.backend.replica_ids("ded-my-bot")
         deploys = len(ded.backend.deployed)
         ded.backend.apps["ded-orphan"] = ded.backend.apps["ded-my-bot"]
-        restarted = Reconciler(
-            ded.dedicated.store,
-            ded.dedicated.reconciler.offerings,
-            ded.dedicated.options,
-            ded.backend,
-            ded.clock,
-        )
+        restarted = Reconciler(ded.dedicated.reconciler.ctx)
         assert await restarted.tick() is False  # the first reconciler still holds the lease
         await ded.dedicated.reconciler.stop()  # gateway replica stops: lease released
         assert await restarted.tick() is True

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from serve_app.dedicated.backend import AppObservation, ReplicaObservation
-from serve_app.dedicated.meter import ReplicaMeter, Watched
+from serve_app.dedicated.control.backend import AppObservation, ReplicaObservation
+from serve_app.dedicated.pricing.meter import ReplicaMeter, Watched
 from serve_app.dedicated.store import DedicatedStore
 from tests.unit.dedicated.conftest import DedicatedHarness, create_body
 
@@ -77,7 +77,7 @@ def test_serve_details_become_observations() -> None:
     from ray.serve._private.common import ReplicaState
     from ray.serve.schema import ApplicationStatus
 
-    from serve_app.dedicated.ray_backend import observations
+    from serve_app.dedicated.control.ray_backend import observations
 
     details = {
         "applications": {

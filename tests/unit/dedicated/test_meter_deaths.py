@@ -7,14 +7,14 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from serve_app.dedicated.backend import AppObservation, ReplicaObservation
-from serve_app.dedicated.deaths import (
+from serve_app.dedicated.control.backend import AppObservation, ReplicaObservation
+from serve_app.dedicated.control.deaths import (
     HealthCheckWindow,
     ReplicaDeath,
     actor_death,
     node_death,
 )
-from serve_app.dedicated.meter import LOSS_WINDOW, ReplicaMeter
+from serve_app.dedicated.pricing.meter import LOSS_WINDOW, ReplicaMeter
 from tests.unit.dedicated.conftest import DedicatedHarness
 from tests.unit.dedicated.test_meter import T0, _watched
 

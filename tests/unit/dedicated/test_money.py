@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from serve_app.dedicated.floor import FloorCounts, LocalFloorCounts, RedisFloorCounts
 from serve_app.dedicated.options import RateCardOptions
-from serve_app.dedicated.router import DedicatedRouter
+from serve_app.dedicated.routing.floor import FloorCounts, LocalFloorCounts, RedisFloorCounts
+from serve_app.dedicated.routing.router import DedicatedRouter
 from tests.unit.dedicated.conftest import DedicatedHarness
 from tests.unit.dedicated.test_lifecycle import _active, _status
 
@@ -79,10 +79,7 @@ async def test_the_hybrid_floor_is_counted_over_every_gateway_replica(
     else:  # the single-process default: one process, one count
         counts = [LocalFloorCounts()] * 2
     d = ded.dedicated
-    replica_a, replica_b = (
-        DedicatedRouter(d.store, d.router.offerings, d.options, d.backend, d.clock, floor)
-        for floor in counts
-    )
+    replica_a, replica_b = (DedicatedRouter(d.router.ctx, floor) for floor in counts)
     try:
         assert await replica_a.choose_deployment(row, "call-1") == "head"
         # Replica B has no call of its own in flight, but the floor is full.

@@ -9,15 +9,15 @@ import pytest
 from ray.serve.config import AutoscalingConfig
 
 from serve_app.catalog.config import CatalogModel
-from serve_app.dedicated.autoscaling import DedicatedAutoscalingPolicy
-from serve_app.dedicated.engine_offer import (
+from serve_app.dedicated.api.telemetry import percentile
+from serve_app.dedicated.control.autoscaling import DedicatedAutoscalingPolicy
+from serve_app.dedicated.offer.engine import (
     admission_bound,
     engine_config_for,
     engine_offer,
     validate_engine,
 )
-from serve_app.dedicated.options import DedicatedModelOptions, DedicatedOptions, RateCardOptions
-from serve_app.dedicated.policy import (
+from serve_app.dedicated.offer.scaling import (
     POLICY_FUNCTION,
     Replicas,
     autoscaling_options,
@@ -27,7 +27,8 @@ from serve_app.dedicated.policy import (
     target_inputs_max,
     validate_policy,
 )
-from serve_app.dedicated.rates import (
+from serve_app.dedicated.options import DedicatedModelOptions, DedicatedOptions, RateCardOptions
+from serve_app.dedicated.pricing.rates import (
     ReplicaSpan,
     estimated_cost,
     mode_priced,
@@ -35,7 +36,6 @@ from serve_app.dedicated.rates import (
     rate_card_view,
     rate_per_card_minute,
 )
-from serve_app.dedicated.telemetry import percentile
 from serve_app.protocol.dedicated import DedicatedEngineConfig, DedicatedScalingPolicy
 from serve_app.protocol.errors import InvalidRequestError
 

@@ -1,4 +1,5 @@
-"""Every refusal of dedicated-api section 7, through the real app (fake Serve backend)."""
+"""Every refusal of docs/reference/dedicated.md#errors, through the real app (fake Serve
+backend)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Wire details of dedicated-api sections 2 and 7 a strict reader checks (spec audit).
+"""Wire details of docs/reference/dedicated.md a strict reader checks (an audit).
 
-Request types are the spec's (an integer is not ``"1"`` nor ``true``), the
+Request types are the API's (an integer is not ``"1"`` nor ``true``), the
 preview quotes the PUT's own body, ``live`` is null as soon as nothing is meant
 to be deployed, a hybrid target's floor below 1 is ``reserved_floor_required``
 whatever its sign, and a call that wakes an endpoint at rest may wait for the

@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from deployments.document_head import DetectHeadCore, ParseHeadCore
-from deployments.engines.document_base import (
+from deployments.document.base import (
     ParseEngine,
     ParseEngineInfo,
     ParseOptions,
     ParseOutput,
 )
-from deployments.engines.document_factory import build_detect_engine, build_parse_engine
+from deployments.document.factory import build_detect_engine, build_parse_engine
+from deployments.document.head import DetectHeadCore, ParseHeadCore
 from serve_app.heads.client import DocumentClient, LocalDocumentClient
 from tests.fixtures.gateway import CATALOG, GatewayHarness, add_keys, build_harness
 

@@ -35,7 +35,7 @@ async def _post(gw: GatewayHarness, path: str, body: dict[str, Any]) -> Any:
 
 
 def _only_field(body: dict[str, Any], expected: str) -> Any:
-    """Spec 2.12: exactly one of text/table/tables/output."""
+    """docs/reference/documents.md#parse: exactly one of text/table/tables/output."""
     assert _FIELDS & set(body) == {expected}, body
     assert body["usage"] == {"images": 1}
     return body[expected]

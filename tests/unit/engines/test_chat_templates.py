@@ -1,6 +1,6 @@
 """The catalog's chat template for the Qwen tool model, rendered as vLLM renders it.
 
-``deployments/engines/chat_templates/qwen2.5-coder-tools.jinja`` is Qwen2.5's own
+``deployments/text/chat_templates/qwen2.5-coder-tools.jinja`` is Qwen2.5's own
 template plus three sentences that make Qwen2.5-Coder-1.5B answer from a tool result
 instead of repeating its call (docs/models.md, "Tool model"). These tests pin what the
 model reads: the official structure around the additions (the call as a JSON object
@@ -18,7 +18,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from deployments.engines.vllm_config import REPO_ROOT, VLLMEngineConfig, template_path
+from deployments.text.vllm_config import REPO_ROOT, VLLMEngineConfig, template_path
 
 CATALOG = REPO_ROOT / "configs/catalog/local.yaml"
 TOOL_MODEL = "qwen2.5-coder-1.5b-instruct"
@@ -119,7 +119,7 @@ def test_without_tools_or_results_the_template_is_qwens_own(qwen_tokenizer: Any)
 
 
 def test_template_paths_are_relative_to_the_repository(tmp_path: Path) -> None:
-    name = "deployments/engines/chat_templates/qwen2.5-coder-tools.jinja"
+    name = "deployments/text/chat_templates/qwen2.5-coder-tools.jinja"
     assert template_path(name) == REPO_ROOT / name and template_path(name).is_file()
     assert template_path(str(tmp_path)) == tmp_path
     base = {"model": "m"}

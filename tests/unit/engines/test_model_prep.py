@@ -11,9 +11,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from deployments.engines.base import TextEngine
-from deployments.engines.factory import TEXT_BACKENDS, build_text_engine, register_text_backend
-from deployments.engines.model_prep import (
+from deployments import registry
+from deployments.models.model_prep import (
     MARKER_NAME,
     QWEN_CODER,
     QWEN_CODER_15,
@@ -21,16 +20,18 @@ from deployments.engines.model_prep import (
     GgufSource,
     PackagedFile,
     build_atomically,
-    ensure_model,
     find_gguf,
     is_prepared,
     join_chunks,
     marker_for,
     prepare_smollm2,
-    resolve_model_reference,
 )
-from deployments.engines.vllm_config import CPU_DEFAULT_KV_CACHE_BYTES, VLLMEngineConfig
-from deployments.engines.vllm_engine import VLLMEngine
+from deployments.models.prepared_models import ensure_model
+from deployments.models.resolve import resolve_model
+from deployments.text.base import TextEngine
+from deployments.text.factory import build_text_engine, register_text_backend
+from deployments.text.vllm_config import CPU_DEFAULT_KV_CACHE_BYTES, VLLMEngineConfig
+from deployments.text.vllm_engine import VLLMEngine
 
 
 def test_folder_holds_bf16_safetensors_config_and_tokenizer(smollm2_dir: Path) -> None:
@@ -122,7 +123,7 @@ def test_saved_tokenizer_renders_chatml(smollm2_dir: Path) -> None:
 def test_rerun_is_a_no_op(smollm2_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     weights = smollm2_dir / "model.safetensors"
     before = weights.stat().st_mtime_ns
-    with caplog.at_level(logging.INFO, logger="deployments.engines.model_prep"):
+    with caplog.at_level(logging.INFO, logger="deployments.models.model_prep"):
         again = prepare_smollm2(smollm2_dir)
     assert again == smollm2_dir
     assert weights.stat().st_mtime_ns == before
@@ -132,13 +133,13 @@ def test_rerun_is_a_no_op(smollm2_dir: Path, caplog: pytest.LogCaptureFixture) -
 def test_ensure_model_and_prepared_reference_resolve_to_the_folder(smollm2_dir: Path) -> None:
     models_dir = smollm2_dir.parent
     assert ensure_model("smollm2-135m-instruct", smollm2_dir) == smollm2_dir
-    resolved = resolve_model_reference("prepared:smollm2-135m-instruct", models_dir)
+    resolved = resolve_model("prepared:smollm2-135m-instruct", models_dir)
     assert resolved == str(smollm2_dir)
 
 
 def test_plain_model_references_pass_through() -> None:
-    assert resolve_model_reference("/models/llama") == "/models/llama"
-    assert resolve_model_reference("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
+    assert resolve_model("/models/llama") == "/models/llama"
+    assert resolve_model("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
 
 
 def test_unknown_model_name_lists_the_known_ones() -> None:
@@ -193,7 +194,7 @@ def test_factory_resolves_prepared_models_and_keeps_a_served_name(smollm2_dir: P
 
 
 def test_factory_rejects_unknown_backends_and_bad_settings() -> None:
-    with pytest.raises(ValueError, match=r"Unknown text engine backend 'nope'.*vllm"):
+    with pytest.raises(ValueError, match=r"'nope' is not a chat engine backend; known: vllm"):
         build_text_engine("nope", {})
     with pytest.raises(ValidationError, match="max_num_seq"):
         build_text_engine("vllm", {"model": "/m", "max_num_seq": 2})
@@ -210,7 +211,7 @@ def test_registered_backends_are_built_by_name() -> None:
     try:
         build_text_engine("test-only", {"x": 1})
     finally:
-        TEXT_BACKENDS.pop("test-only")
+        registry.unregister("chat", "test-only")
     assert made == [{"x": 1}]
 
 

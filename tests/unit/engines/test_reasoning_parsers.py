@@ -53,7 +53,7 @@ def qwen3_tokenizer(qwen_coder_dir: Path, tmp_path_factory: pytest.TempPathFacto
     """Qwen3's tokenizer, rebuilt as the tiny reasoning demo model's build rebuilds it."""
     from transformers import AutoTokenizer
 
-    from deployments.engines.tiny_reasoning_model import write_qwen3_tokenizer
+    from deployments.models.tiny_reasoning_model import write_qwen3_tokenizer
 
     folder = tmp_path_factory.mktemp("qwen3-tokenizer")
     write_qwen3_tokenizer(qwen_coder_dir, folder)
@@ -110,7 +110,7 @@ def parser_class(reasoning: str, tool: str | None, tokenizer: Any, harmony: bool
     from vllm.parser.parser_manager import ParserManager
     from vllm.tool_parsers.abstract_tool_parser import ToolParserManager
 
-    ToolParserManager.import_tool_parser("deployments.engines.tool_parsers")
+    ToolParserManager.import_tool_parser("deployments.text.tool_parsers")
     return ParserManager.get_parser(
         tool_parser_name=tool,
         reasoning_parser_name=reasoning,

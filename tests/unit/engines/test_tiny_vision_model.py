@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from deployments.engines import tiny_vision_model
-from deployments.engines.model_prep import (
+from deployments.models import tiny_vision_model
+from deployments.models.model_prep import (
     MARKER_NAME,
-    PREPARABLE_MODELS,
     SMOLLM2_NAME,
-    resolve_model_reference,
 )
-from deployments.engines.tiny_vision_model import (
+from deployments.models.prepared_models import PREPARABLE_MODELS
+from deployments.models.resolve import resolve_model
+from deployments.models.tiny_vision_model import (
     IMAGE_SEQ_LEN,
     SMOLVLM_TINY_NAME,
     prepare_smolvlm_tiny,
@@ -135,7 +135,7 @@ def test_prepared_reference_resolves_into_the_models_dir(
     tmp_path: Path, fake_text_model: Path, recorder: Recorder
 ) -> None:
     assert SMOLVLM_TINY_NAME in PREPARABLE_MODELS
-    resolved = resolve_model_reference(REFERENCE, tmp_path)
+    resolved = resolve_model(REFERENCE, tmp_path)
     assert resolved == str(tmp_path / SMOLVLM_TINY_NAME)
     assert len(recorder.calls) == 1
 
@@ -149,7 +149,7 @@ def built(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     models_dir = tmp_path_factory.mktemp("models")
     (models_dir / SMOLLM2_NAME).symlink_to(smollm2_dir, target_is_directory=True)
     started = time.monotonic()
-    folder = Path(resolve_model_reference(REFERENCE, models_dir))
+    folder = Path(resolve_model(REFERENCE, models_dir))
     print(f"\nsmolvlm-tiny built in {time.monotonic() - started:.1f} s")
     yield folder
 

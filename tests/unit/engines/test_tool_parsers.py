@@ -97,7 +97,7 @@ def parser_cls(qwen_tokenizer: Any) -> Any:
     from vllm.tool_parsers.abstract_tool_parser import ToolParserManager
 
     # What the engine does with `tool_parser_plugin`; importing registers the parser.
-    ToolParserManager.import_tool_parser("deployments.engines.tool_parsers")
+    ToolParserManager.import_tool_parser("deployments.text.tool_parsers")
     return ParserManager.get_parser(
         tool_parser_name="lenient_json", enable_auto_tools=True, tokenizer=qwen_tokenizer
     )
@@ -173,7 +173,7 @@ def test_recorded_deltas_are_the_tokens_of_the_text(qwen_tokenizer: Any) -> None
 def test_plugin_module_registers_the_parser_with_vllm() -> None:
     from vllm.tool_parsers.abstract_tool_parser import ToolParserManager
 
-    module = importlib.import_module("deployments.engines.tool_parsers")
+    module = importlib.import_module("deployments.text.tool_parsers")
     assert ToolParserManager.get_tool_parser(module.TOOL_PARSER_NAME) is (
         module.LenientJsonToolParser
     )
@@ -346,6 +346,16 @@ def synthetic(text: str) -> dict[str, Any]:
             [("get_weather", {"city": "Quito"})],
             "Sure.\n",
         ),
+        # the 1.5B's slip (bench/tool_decisions.py): a call in the results' tag, "function"
+        (
+            '<tool_response>\n{\n  "function": "get_weather",\n  "arguments": {\n'
+            '    "city": "Lyon"\n  }\n}\n</tool_response>',
+            [("get_weather", {"city": "Lyon"})],
+            None,
+        ),
+        # an imitated result in that tag, a "function" naming no tool: content
+        ('<tool_response>\n{"temperature_c": 21}\n</tool_response>', [], True),
+        ('{"function": "get_time", "arguments": {}}', [], True),
         # prose that merely mentions the tag, a stray brace, an unfinished call
         ("Use <tool_call> tags to call tools.", [], True),
         ("{ is an opening brace.", [], True),
@@ -361,7 +371,7 @@ def test_other_shapes(
     expected_content = text if content is True else content
     got_calls, got_content, raw = parse_whole(parser_cls, qwen_tokenizer, sample)
     assert (got_calls, got_content) == (calls, expected_content)
-    if calls or text.startswith(("Use", "```python", "{ is")):
+    if calls or text.startswith(("Use", "```python", "{ is", "<tool_response>")):
         streamed = stream(parser_cls, qwen_tokenizer, sample)
         assert streamed.calls() == [(c.name, c.arguments) for c in raw or []]
         assert streamed.content == (got_content or "")

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from deployments.engines.vllm_config import VLLMEngineConfig
+from deployments.text.vllm_config import VLLMEngineConfig
 from serve_app.catalog.config import CatalogModel
 from serve_app.config import REPO_ROOT
 

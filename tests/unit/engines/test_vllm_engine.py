@@ -7,16 +7,19 @@ short. Greedy decoding makes the answers stable enough to assert on.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import logging
+import logging.handlers
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
-from deployments.engines.base import EngineEvent, PreparedPrompt
-from deployments.engines.factory import build_text_engine
-from deployments.engines.vllm_engine import VLLMEngine
+from deployments.text.base import EngineEvent, PreparedPrompt
+from deployments.text.factory import build_text_engine
+from deployments.text.vllm_engine import VLLMEngine
 from serve_app.contract.text import GenerationDone, PromptSpec, SamplingSpec, TextDelta
 from serve_app.protocol.errors import InvalidRequestError, ModelUnavailableError
 
@@ -25,6 +28,12 @@ pytest.importorskip("vllm")
 pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="module")]
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+# Made just before the engine starts, as Ray Serve makes a replica's log handler: a
+# buffered handler over the log file. vLLM's own logging dictConfig would close it
+# (target None: the replica log stops, a restarted ServeController stops the head).
+# (Not at import: other test modules start vLLM engines of their own with its logging.)
+_SERVE_LIKE: list[logging.handlers.MemoryHandler] = []
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -40,11 +49,18 @@ async def engine(smollm2_dir: Path) -> AsyncIterator[VLLMEngine]:
         },
     )
     assert isinstance(built, VLLMEngine)
+    _SERVE_LIKE.append(
+        logging.handlers.MemoryHandler(capacity=1, target=logging.StreamHandler(io.StringIO()))
+    )
     info = await built.start()
     assert info.max_model_len == 2048
     assert not info.separate_reasoning_channel
     yield built
     await built.shutdown()
+
+
+async def test_engine_start_leaves_the_processes_log_handlers_open(engine: VLLMEngine) -> None:
+    assert _SERVE_LIKE and _SERVE_LIKE[-1].target is not None
 
 
 async def chat(
@@ -331,7 +347,7 @@ async def test_reported_tokens_match_the_engines_own_counters(engine: VLLMEngine
 
     With n>1 vLLM runs one child request per choice, each over the whole
     prompt, so its prompt counter grows n times; usage (and the ledger) counts
-    the prompt once, as the API's usage object defines it (spec 2.7).
+    the prompt once, as the API's usage object defines it (docs/reference/chat.md#usage).
     """
     prompt = await chat(engine)
     before_gen = _engine_counter("generation_tokens")

@@ -1,4 +1,5 @@
-"""Images in chat messages: bytes sniffing, safe fetching, limits (spec 2.4, 8)."""
+"""Images in chat messages: bytes sniffing, safe fetching, limits (docs/reference/chat.md#messages,
+docs/reference/common.md#limits)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,17 @@
-"""503 ``model_warming`` / ``model_unavailable`` from Serve's state (spec 7)."""
+"""503 ``model_warming`` / ``model_unavailable`` from Serve's state
+(docs/reference/common.md#error-codes)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 
 import pytest
 
+from serve_app.heads.waker import HeadWaker
 from serve_app.inference.readiness import (
+    ASLEEP,
     FAILED,
     READY,
     WARMING,
@@ -29,7 +33,7 @@ def test_classify_serve_deployment_states() -> None:
     assert _classify(_dep("UPDATING", RUNNING=1, STARTING=1)).state == READY
     assert _classify(_dep("DeploymentStatus.DEPLOY_FAILED")).state == FAILED
     assert _classify(_dep("UNHEALTHY", STARTING=1)).state == FAILED
-    assert _classify(_dep("HEALTHY")).state == READY  # scaled to zero: a call boots one
+    assert _classify(_dep("HEALTHY")).state == ASLEEP  # scaled to zero while idle
 
 
 async def _polled(states: dict[str, HeadState]) -> HeadReadiness:
@@ -62,3 +66,109 @@ async def test_route_answers_503_while_warming(gateway: GatewayHarness) -> None:
     assert resp.status_code == 503
     assert resp.headers["retry-after"] == "7"
     assert resp.json()["error"]["code"] == "model_warming"
+
+
+async def test_a_sleeping_head_answers_warming_and_is_woken_once() -> None:
+    woken: list[str] = []
+    readiness = HeadReadiness(
+        lambda: {"s": HeadState(ASLEEP)},
+        refresh_s=0.01,
+        warming_retry_after_s=7,
+        waker=woken.append,
+    )
+    readiness.check("s")  # unknown yet: let through, starts the poll
+    await asyncio.sleep(0.05)
+    for _ in range(2):
+        with pytest.raises(ModelUnavailableError) as warming:
+            readiness.check("s")
+        assert warming.value.code == "model_warming"
+        assert warming.value.headers == {"Retry-After": "7"}
+    assert woken == ["s", "s"]  # the waker itself keeps one call in flight
+
+
+async def test_a_sleeping_head_without_a_waker_is_called_directly() -> None:
+    readiness = await _polled({"s": HeadState(ASLEEP)})
+    readiness.check("s")
+
+
+class _Response:
+    def __init__(self, done: asyncio.Event) -> None:
+        self.done = done
+        self.cancelled = False
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        return self.done.wait().__await__()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _Handle:
+    def __init__(self) -> None:
+        self.calls: list[_Response] = []
+        self.done = asyncio.Event()
+        self.wake = SimpleNamespace(remote=self._remote)
+
+    def _remote(self) -> _Response:
+        self.calls.append(_Response(self.done))
+        return self.calls[-1]
+
+
+async def test_the_waker_keeps_one_wake_call_per_head_in_flight() -> None:
+    handle = _Handle()
+    waker = HeadWaker({"s": handle}, bound_s=5)
+    waker("s")
+    waker("s")
+    waker("unknown")  # not a bound head: ignored
+    await asyncio.sleep(0.01)
+    assert len(handle.calls) == 1
+    handle.done.set()  # a replica is up and answered
+    await asyncio.sleep(0.01)
+    waker("s")  # asleep again later: a new call
+    await asyncio.sleep(0.01)
+    assert len(handle.calls) == 2
+
+
+async def test_a_wake_call_that_waits_too_long_is_cancelled() -> None:
+    handle = _Handle()
+    waker = HeadWaker({"s": handle}, bound_s=0.01)
+    waker("s")
+    await asyncio.sleep(0.1)
+    assert handle.calls[0].cancelled
+
+
+async def test_a_head_seen_answering_is_ready_before_the_next_poll_says_so() -> None:
+    polls: list[float] = []
+
+    def stale() -> dict[str, HeadState]:
+        polls.append(time.monotonic())
+        return {"s": HeadState(WARMING, "UPSCALING")}  # the poll lags: begun before the answer
+
+    readiness = HeadReadiness(stale, refresh_s=0.01)
+    readiness.check("s")
+    await asyncio.sleep(0.05)
+    with pytest.raises(ModelUnavailableError):
+        readiness.check("s")
+    readiness.note_answering("s")
+    readiness.check("s")  # no 503: a call was just accepted
+    await asyncio.sleep(0.05)  # polls begun after the answer count again
+    with pytest.raises(ModelUnavailableError):
+        readiness.check("s")
+
+
+async def test_a_poll_that_knows_nothing_keeps_the_last_states() -> None:
+    from serve_app.inference.readiness import StatusUnknownError
+
+    answers: list[dict[str, HeadState] | None] = [{"s": HeadState(READY)}]
+
+    def source() -> dict[str, HeadState]:
+        if answers[-1] is None:
+            raise StatusUnknownError("controller recovering")
+        return answers[-1]
+
+    readiness = HeadReadiness(source, refresh_s=0.01)
+    readiness.check("s")
+    await asyncio.sleep(0.05)
+    answers.append(None)  # the controller restarts
+    await asyncio.sleep(0.05)
+    readiness.check("s")  # still ready: no 503 for a head that never stopped

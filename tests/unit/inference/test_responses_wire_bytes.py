@@ -28,7 +28,7 @@ import pytest
 from pydantic import ConfigDict, TypeAdapter
 
 from serve_app.contract.text import GenerationDone, TextDelta, ToolCallDelta
-from serve_app.inference.responses_render import ResponseBuilder
+from serve_app.inference.responses.render import ResponseBuilder
 from serve_app.protocol.errors import GatewayError, UpstreamError
 from serve_app.protocol.responses import ResponseResource, StreamEvent
 from serve_app.tools.citations import SourceList

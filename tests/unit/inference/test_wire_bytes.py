@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from serve_app.contract.text import GenerationDone, TextDelta, ToolCallDelta
-from serve_app.inference import assemble
-from serve_app.inference.assemble import ChatChunker, Collected, CompletionChunker, json_answer
+from serve_app.inference.chat import assemble
+from serve_app.inference.chat.assemble import ChatChunker, Collected, CompletionChunker, json_answer
 
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "wire" / "chat_completions.json"
 CHAT_LP = {"content": [{"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": []}]}
@@ -92,11 +92,11 @@ def _chat_collected() -> Collected:
 def _chat_bodies(separate: bool) -> list[bytes]:
     """The plain body, then with what the tool loop and an external model add."""
     body = assemble.chat_completion_body("chatcmpl-2", "m", _chat_collected(), 3, separate)
-    plain = json_answer(body, {}).body
+    plain = json_answer(body, {}).content
     body.choices[0].message.annotations = ANNOTATIONS
     body.web_search = {"searches": 2, "price_per_search": 0.01}
     body.routing = ROUTING
-    return [plain, json_answer(body, {}).body]
+    return [plain, json_answer(body, {}).content]
 
 
 def _completion_bodies() -> list[bytes]:
@@ -105,9 +105,9 @@ def _completion_bodies() -> list[bytes]:
     collected.add(TextDelta(0, text="c", logprobs=LEG_LP, finish_reason="length"))
     collected.done = GenerationDone(3, 2)
     body = assemble.completion_body("cmpl-2", "m", collected, 2, False)
-    plain = json_answer(body, {}).body
+    plain = json_answer(body, {}).content
     body.routing = ROUTING
-    return [plain, json_answer(body, {}).body]
+    return [plain, json_answer(body, {}).content]
 
 
 EXPECTED: dict[str, list[bytes]] = {

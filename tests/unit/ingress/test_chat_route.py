@@ -1,4 +1,5 @@
-"""Chat completions through the real app with scripted heads (spec 4.1, 6, 7)."""
+"""Chat completions through the real app with scripted heads (docs/reference/chat.md,
+docs/reference/common.md#error-codes)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Legacy completions (spec 4.2) through the real app with scripted heads."""
+"""Legacy completions (docs/reference/chat.md#completions) through the real app with scripted
+heads."""
 
 from __future__ import annotations
 

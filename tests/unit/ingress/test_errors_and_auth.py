@@ -1,9 +1,11 @@
-"""Envelope on every error, framework ones included (spec 2.1, 5, 7)."""
+"""Envelope on every error, framework ones included (docs/reference/common.md)."""
 
 from __future__ import annotations
 
 import pytest
+import sqlalchemy as sa
 
+from serve_app.auth.accounts import AccountStore
 from serve_app.ingress.app import create_app
 from tests.fixtures.gateway import GatewayHarness
 
@@ -114,3 +116,20 @@ async def test_openapi_docs_served(gateway: GatewayHarness) -> None:
         spec = await http.get("/openapi.json")
     assert spec.status_code == 200
     assert "/v1/chat/completions" in spec.json()["paths"]
+
+
+async def test_an_unreachable_database_is_a_retryable_503_not_a_500(
+    gateway: GatewayHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key that is not in the auth cache needs the database; while it is down the caller
+    gets the retryable 503 (tests/faults/test_database_outage.py does it on PostgreSQL)."""
+
+    def down(*_: object) -> None:
+        raise sa.exc.OperationalError("SELECT", {}, ConnectionRefusedError("server down"))
+
+    monkeypatch.setattr(AccountStore, "find_key", down)
+    async with gateway.client(gateway.keys["user"]) as http:
+        resp = await http.post("/v1/chat/completions", json=CHAT)
+    assert resp.status_code == 503
+    _assert_envelope(resp.json(), "model_unavailable")
+    assert resp.headers["retry-after"] == "1"

@@ -1,4 +1,5 @@
-"""Hostile and mistyped request bodies get a 400 envelope, never a 5xx (spec 2.1, 4.1, 4.2, 7).
+"""Hostile and mistyped request bodies get a 400 envelope, never a 5xx (docs/reference/common.md,
+docs/reference/chat.md).
 
 Pydantic's lax mode would turn ``"5"`` or ``true`` into a number and ``"yes"``
 into ``stream: true``; the official API refuses those, and so does the gateway,

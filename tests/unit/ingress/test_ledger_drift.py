@@ -1,4 +1,5 @@
-"""Zero drift: the usage ledger bills exactly what the engine produced (spec 1, 2.7, 4.1).
+"""Zero drift: the usage ledger bills exactly what the engine produced (docs/reference/README.md,
+docs/reference/chat.md).
 
 A mixed workload runs through the in-process app: streamed and non-streamed
 chat, legacy completions and responses, ``n>1`` and several prompts, streams

@@ -1,4 +1,5 @@
-"""Limits, quotas and the usage ledger through the real app (spec 1, 2.7, 4.1, 7, 8)."""
+"""Limits, quotas and the usage ledger through the real app (docs/reference/README.md,
+docs/reference/chat.md, docs/reference/common.md)."""
 
 from __future__ import annotations
 

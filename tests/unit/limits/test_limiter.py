@@ -1,4 +1,4 @@
-"""Which limits apply to whom, and the 429s (spec 7, 8) the limiter raises."""
+"""Which limits apply to whom, and the 429s (docs/reference/common.md) the limiter raises."""
 
 from __future__ import annotations
 

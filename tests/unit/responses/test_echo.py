@@ -1,4 +1,4 @@
-"""The settings a Response states (``responses_echo``): the applied value, in schema form."""
+"""What a Response states (``responses.echo``): the applied value, in schema form."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from serve_app.catalog.config import CatalogModel
-from serve_app.inference.responses_echo import echo_reasoning, echo_tool_choice, echo_tools
+from serve_app.inference.responses.echo import echo_reasoning, echo_tool_choice, echo_tools
 from serve_app.protocol.responses import ResponsesRequest
 from serve_app.tools.declarations import build_plan
 
@@ -70,7 +70,7 @@ def test_tools_flat_then_server_tools_with_their_applied_limits() -> None:
 
 def test_the_vllm_head_reports_generation_config_sampling() -> None:
     """What vLLM's serving layer applies to omitted values (``get_diff_sampling_param``)."""
-    from deployments.engines.vllm_engine import _sampling_defaults
+    from deployments.text.vllm_engine import _sampling_defaults
 
     class Config:
         def __init__(self, diff: dict[str, Any] | None) -> None:

@@ -195,7 +195,7 @@ async def test_every_body_and_event_conforms(tool_gateway: GatewayHarness) -> No
     assert "response.web_search_call.completed" in [e["type"] for e in events]
 
     # a reasoning model: reasoning item, reasoning split in usage; streamed, the reasoning
-    # content part opens and closes around spec 6's reasoning_text events, before the answer
+    # content part opens and closes around the reasoning_text events, before the answer
     reasoned = await client.events(
         key="user", model="scripted-reasoner", input="fine thanks", reasoning={"effort": "low"}
     )

@@ -1,4 +1,4 @@
-"""Every request rule of spec 4.3, through the real app."""
+"""Every request rule of docs/reference/responses.md#request, through the real app."""
 
 from __future__ import annotations
 
@@ -24,22 +24,37 @@ async def post(gw: GatewayHarness, body: dict[str, Any], key: str = "user") -> A
         (req(n=2), 400, "unknown_parameter", "n"),
         (req(stream_options={"include_usage": True}), 400, "unknown_parameter", "stream_options"),
         (req(reasoning={"effort": "low", "mode": "x"}), 400, "unknown_parameter", "reasoning.mode"),
-        # Open Responses request fields outside spec 4.3: refused, never silently dropped
+        # Open Responses request fields the route does not serve: refused, never dropped
+        (req(max_tool_calls=3), 400, "unknown_parameter", "max_tool_calls"),
+        (req(conversation="conv_1"), 400, "unknown_parameter", "conversation"),
+        (req(truncation="sometimes"), 400, "invalid_value", "truncation"),
+        (req(top_logprobs=21), 400, "invalid_value", "top_logprobs"),
+        (req(background=True), 400, "unsupported_parameter", "background"),
+        # include: only values with data behind them; the refusal names the value
         *[
-            (req(**{name: value}), 400, "unknown_parameter", name)
-            for name, value in [
-                ("presence_penalty", 0.5),
-                ("frequency_penalty", 0.5),
-                ("top_logprobs", 2),
-                ("max_tool_calls", 3),
-                ("truncation", "auto"),
-                ("background", False),
-                ("service_tier", "auto"),
-                ("safety_identifier", "u1"),
-                ("prompt_cache_key", "k"),
-                ("include", ["reasoning.encrypted_content"]),
-            ]
+            (
+                req(include=["message.output_text.logprobs", value]),
+                400,
+                "unsupported_parameter",
+                "include[1]",
+            )
+            for value in (
+                "reasoning.encrypted_content",
+                "file_search_call.results",
+                "web_search_call.results",
+                "message.input_image.image_url",
+                "computer_call_output.output.image_url",
+                "anything.else",
+            )
         ],
+        (req(text={"verbosity": "loud"}), 400, "invalid_value", "text.verbosity"),
+        (req(text={"format": {"type": "yaml"}}), 400, "invalid_value", "text.format"),
+        (
+            req(text={"format": {"type": "json_schema", "name": "x", "schema": "no"}}),
+            400,
+            "invalid_value",
+            "text.format.schema",
+        ),
         (
             req(tool_choice={"type": "allowed_tools", "tools": [], "mode": "auto"}),
             400,
@@ -48,8 +63,14 @@ async def post(gw: GatewayHarness, body: dict[str, Any], key: str = "user") -> A
         ),
         (req(store=True), 400, "unsupported_parameter", "store"),
         (req(previous_response_id="resp_1"), 400, "unsupported_parameter", "previous_response_id"),
+        (  # a catalog entry saying structured_outputs: false
+            req(model="scripted-reasoner", text={"format": {"type": "json_schema", "schema": {}}}),
+            400,
+            "unsupported_parameter",
+            "text.format",
+        ),
         (
-            req(text={"format": {"type": "json_schema", "schema": {}}}),
+            req(model="scripted-reasoner", text={"format": {"type": "json_object"}}),
             400,
             "unsupported_parameter",
             "text.format",
@@ -67,9 +88,9 @@ async def post(gw: GatewayHarness, body: dict[str, Any], key: str = "user") -> A
             "reasoning.effort",
         ),
         (
-            req(model="scripted-reasoner", reasoning={"effort": "low", "summary": "auto"}),
+            req(model="scripted-reasoner", reasoning={"effort": "low", "summary": "always"}),
             400,
-            "unsupported_parameter",
+            "invalid_value",
             "reasoning.summary",
         ),
         (req(input=[]), 400, "invalid_value", "input"),
@@ -164,7 +185,7 @@ async def test_developer_role_instructions_and_flattened_functions(
     resp = await post(
         gateway,
         req(
-            model="scripted-harmony",
+            model="scripted-tools",
             instructions="Answer in French.",
             input=[
                 {"type": "message", "role": "developer", "content": "Be brief."},
@@ -174,7 +195,7 @@ async def test_developer_role_instructions_and_flattened_functions(
         ),
     )
     assert resp.status_code == 200, resp.text
-    prompt, _ = gateway.engines["scripted-harmony"].seen[-1]
+    prompt, _ = gateway.engines["scripted-tools"].seen[-1]
     assert prompt is not None and prompt.messages is not None
     roles = [m["role"] for m in prompt.messages]
     assert roles == ["system", "system", "user"]

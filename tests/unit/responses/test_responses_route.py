@@ -1,4 +1,5 @@
-"""POST /v1/responses: the Response object, item order, round trips, incomplete (spec 2.10, 3)."""
+"""POST /v1/responses: the Response object, item order, round trips, incomplete
+(docs/reference/responses.md)."""
 
 from __future__ import annotations
 

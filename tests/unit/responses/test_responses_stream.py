@@ -1,4 +1,5 @@
-"""Responses streams: named events, sequence numbers, one terminal event (spec 3, 6)."""
+"""Responses streams: named events, sequence numbers, one terminal event
+(docs/reference/responses.md)."""
 
 from __future__ import annotations
 

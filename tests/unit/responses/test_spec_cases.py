@@ -1,6 +1,7 @@
 """Spec cases found by an independent audit of the responses route and the tool loop.
 
-Each test states the clause it holds the gateway to (spec 3, 4.1, 4.3, 6).
+Each test states the clause it holds the gateway to (docs/reference/responses.md,
+docs/reference/chat.md#chat-request).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ async def post(gw: GatewayHarness, route: str, body: dict[str, Any]) -> Any:
 async def test_partial_text_then_a_break_is_incomplete_even_with_tools_declared(
     tool_gateway: GatewayHarness,
 ) -> None:
-    """Spec 3: "model stream broke after partial text" is incomplete, and the text is billed.
+    """docs/reference/responses.md#statuses: "model stream broke after partial text" is incomplete,
+    and the text is billed.
 
     Declaring a tool makes the loop hold each turn; the held text must not be lost.
     """
@@ -86,7 +88,8 @@ async def test_server_call_beyond_the_budget_does_not_end_as_tool_calls(
 async def test_output_cap_reached_by_a_tool_turn_is_incomplete(
     tool_gateway: GatewayHarness, local_web: LocalWeb
 ) -> None:
-    """Spec 2.10: the answer was cut by max_output_tokens, so the response is incomplete."""
+    """docs/reference/responses.md#response-object: the answer was cut by max_output_tokens, so the
+    response is incomplete."""
     turns = script(
         {"reply": "a b", "call": "web_search", "arguments": {"query": "q"}},
         {"reply": "never reached"},
@@ -121,7 +124,8 @@ async def test_output_cap_reached_by_a_tool_turn_is_incomplete(
 async def test_tool_choice_forcing_a_built_in_tool_in_any_spelling(
     tool_gateway: GatewayHarness, choice: Any, code: str
 ) -> None:
-    """Spec 4.3: tool_choice with a built-in tool gives 400 unsupported_parameter."""
+    """docs/reference/responses.md#request: tool_choice with a built-in tool gives 400
+    unsupported_parameter."""
     resp = await post(
         tool_gateway,
         "/v1/responses",
@@ -176,8 +180,9 @@ async def test_function_call_arguments_given_as_an_object_reach_the_model_as_jso
 async def test_chat_stream_carries_an_annotations_chunk_with_any_server_tool(
     tool_gateway: GatewayHarness,
 ) -> None:
-    """Spec 6 (chat streams): a final chunk carries delta.annotations; code_interpreter
-    alone has no sources, so the list is empty, but the chunk is there."""
+    """docs/reference/chat.md#streams: a final chunk carries
+    delta.annotations; code_interpreter alone has no sources, so the list is empty, but the chunk is
+    there."""
     resp = await post(
         tool_gateway,
         "/v1/chat/completions",
@@ -233,7 +238,8 @@ async def test_the_guard_is_on_by_default_through_the_route(
     make_gateway: HarnessFactory, local_web: LocalWeb, host: str
 ) -> None:
     """A model asking web_fetch for the gateway's neighbours gets a failed call; the
-    request still succeeds and nothing reaches the neighbour (spec 2.10, issue 4)."""
+    request still succeeds and nothing reaches the neighbour
+    (docs/reference/responses.md#response-object, issue 4)."""
     args = tool_args(local_web)
     args["tools"]["web_fetch"] = {}  # the defaults: SSRF guard on
     gw = await make_gateway(args)
@@ -270,7 +276,7 @@ async def test_the_guard_is_on_by_default_through_the_route(
 async def test_any_json_value_in_a_type_field_is_a_400_not_a_500(
     tool_gateway: GatewayHarness, fields: dict[str, Any], param: str
 ) -> None:
-    """Every refusal is the spec's envelope (spec 2.1, 7), whatever JSON arrives."""
+    """Every refusal is the API's envelope (docs/reference/common.md), whatever JSON arrives."""
     body = {"model": "scripted-tools", "input": "hi", **fields}
     resp = await post(tool_gateway, "/v1/responses", body)
     assert resp.status_code == 400, resp.text

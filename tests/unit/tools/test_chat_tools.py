@@ -1,4 +1,4 @@
-"""Chat completions with server tools through the real app (spec 2.5, 4.1 rules 5-9, 6)."""
+"""Chat completions with server tools through the real app (docs/reference/chat.md)."""
 
 from __future__ import annotations
 
@@ -123,8 +123,9 @@ async def test_tool_failure_is_silent(tool_gateway: GatewayHarness, local_web: L
     resp = await post(tool_gateway, chat(SEARCH_THEN_ANSWER, [{"type": "web_search"}]))
     assert resp.status_code == 200
     body = resp.json()
-    assert body["choices"][0]["message"]["content"] == "Paris is the capital [1]."
-    assert body["choices"][0]["message"]["annotations"] == []  # no source was found
+    # no source was found, so the marker the model wrote has nothing behind it: removed
+    assert body["choices"][0]["message"]["content"] == "Paris is the capital."
+    assert body["choices"][0]["message"]["annotations"] == []
     assert body["web_search"]["searches"] == 0  # a failed search is not billed
 
 
@@ -182,5 +183,5 @@ async def test_client_function_call_ends_the_loop(tool_gateway: GatewayHarness) 
     assert seen_tools is not None and seen_tools.tools is not None
     assert [t["function"]["name"] for t in seen_tools.tools] == ["get_time", "web_search"]
     system = (seen_tools.messages or [])[0]
-    assert system["role"] == "system" and "[1]" in system["content"]  # citation guidance
+    assert system["role"] == "system" and "Call web_search when" in system["content"]
     assert "look things up on the web" in system["content"]  # a SearXNG provider: the web

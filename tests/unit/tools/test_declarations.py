@@ -1,4 +1,5 @@
-"""Server-tool declarations, budgets, guidance and citations (spec 2.4, 2.9, 2.10, 4.1, 8)."""
+"""Server-tool declarations, budgets, guidance and citations (docs/reference/chat.md,
+docs/reference/responses.md#response-object, docs/reference/common.md#limits)."""
 
 from __future__ import annotations
 
@@ -105,7 +106,8 @@ def test_guidance_says_what_web_search_searches() -> None:
     assert "indexed on this service" in local and "not the live web" in local
     assert "look things up on the web" not in local
     for text in (web, local):  # the rest of the guidance does not depend on the provider
-        assert "code_interpreter to run Python" in text and "[1]" in text
+        assert "code_interpreter to run Python" in text and "Call web_search when" in text
+        assert "[1]" not in text  # how to cite comes with the results, never before
 
     def search_description(scope: Any) -> str:
         schemas = tool_schemas(plan, list(plan.budgets), search_scope=scope)

@@ -1,4 +1,5 @@
-"""The code_interpreter sandbox under abuse (spec 8; issue 4: escape attempts fail safely).
+"""The code_interpreter sandbox under abuse (docs/reference/common.md#limits; issue 4: escape
+attempts fail safely).
 
 These run real bubblewrap sandboxes; they are skipped where bwrap is missing.
 """

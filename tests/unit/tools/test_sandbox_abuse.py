@@ -1,4 +1,5 @@
-"""More escape and exhaustion attempts against the code sandbox (issue 4, spec 8).
+"""More escape and exhaustion attempts against the code sandbox (issue 4,
+docs/reference/common.md#limits).
 
 Found by an audit: bwrap's own process is the sandbox's pid 1 and was readable
 from inside; an output flood kept the run alive past its limit; a program

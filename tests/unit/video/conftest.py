@@ -21,8 +21,8 @@ import av
 import httpx
 import pytest
 
-from deployments.engines.video_base import VideoEngine
-from deployments.video_head import VideoHeadCore, VideoWorkerOptions
+from deployments.video.base import VideoEngine
+from deployments.video.head import VideoHeadCore, VideoWorkerOptions
 from serve_app.heads.client import LocalVideoClient
 from serve_app.jobs.store import JobStore
 from serve_app.storage.db import Database

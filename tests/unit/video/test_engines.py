@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import yaml
 
-from deployments.engines.diffusers_video import DiffusersVideoConfig, LtxVideoConfig
-from deployments.engines.mp4 import encode_mp4
-from deployments.engines.tiny_video_model import ensure_tiny_wan
-from deployments.engines.video_base import GenerationCancelled, VideoEngine, resolve_params
-from deployments.engines.video_factory import build_video_engine
+from deployments.models.tiny_video_model import ensure_tiny_wan
+from deployments.video.base import GenerationCancelled, VideoEngine, resolve_params
+from deployments.video.diffusers_video import DiffusersVideoConfig, LtxVideoConfig
+from deployments.video.factory import build_video_engine
+from deployments.video.mp4 import encode_mp4
 from serve_app.catalog.config import CatalogModel
 from serve_app.config import REPO_ROOT
 from serve_app.contract.video import VideoRequest
@@ -136,7 +136,8 @@ def test_every_shipped_video_model_has_a_valid_engine_config(name: str) -> None:
 
 
 def test_gateway_run_prepares_the_tiny_video_models_its_config_names() -> None:
-    from serve_app.cli.serve import load_serve_config, tiny_video_models
+    from serve_app.cli.serve import tiny_video_models
+    from serve_app.cli.serve_config import load_serve_config
 
     assert tiny_video_models(load_serve_config("configs/local.yaml")) == [("tiny:wan", None)]
     assert tiny_video_models(load_serve_config("configs/production.yaml")) == []

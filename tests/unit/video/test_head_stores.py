@@ -20,7 +20,7 @@ import pytest
 import yaml
 from ray import cloudpickle
 
-import deployments.video_head as video_head
+import deployments.video.head as video_head
 from serve_app.catalog.config import CatalogModel
 from serve_app.config import GatewayAppArgs
 from serve_app.jobs.store import JobStore, open_worker_stores

@@ -10,7 +10,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from deployments.video_head import VideoHeadCore
+from deployments.video.head import VideoHeadCore
 from serve_app.billing.store import LedgerStore
 from serve_app.jobs.store import JobStore
 from serve_app.storage.objects import LocalObjectStore

@@ -1,4 +1,5 @@
-"""Spec 4.6 / 8 bounds of ``POST /v1/video/generations`` and its refusals, through the app."""
+"""The bounds of ``POST /v1/video/generations`` and its refusals, through the app
+(docs/reference/video.md#create-a-job)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from deployments.engines.video_base import (
+from deployments.video.base import (
     VideoDefaults,
     VideoEngineInfo,
     VideoLimits,

@@ -1,0 +1,71 @@
+"""What every single-engine head (pooling, detect, parse, speech, transcription) does alike.
+
+Each head kind keeps its own core (the rules of its API family) and its own
+constructor (which factory builds the engine, what is logged when it is ready);
+what is the same for all of them lives here once:
+
+- ``answer_as_value``: a head answers a failure as a ``HeadFailure`` value instead of
+  raising (the contract's rule: an exception crossing a DeploymentHandle loses its
+  status); a caller's mistake keeps its status, anything else is a 502 and is logged
+  with the request id;
+- ``EngineHead``: the replica's lifecycle around one engine: the waker's ``wake``
+  call, Serve's health check, and the engine's shutdown when Serve stops the replica.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from typing import Protocol, TypeVar
+
+from serve_app.contract.errors import GatewayError, HeadFailure, UpstreamError
+
+logger = logging.getLogger(__name__)
+
+Result = TypeVar("Result")
+
+
+async def answer_as_value(
+    kind: str, request_id: str, work: Awaitable[Result]
+) -> Result | HeadFailure:
+    """Run ``work``; caller mistakes keep their status, anything else is a 502."""
+    try:
+        return await work
+    except GatewayError as err:
+        return HeadFailure.from_error(err)
+    except Exception as err:
+        logger.exception("%s failed for %s", kind, request_id)
+        return HeadFailure.from_error(UpstreamError(f"The {kind} model failed: {err}"))
+
+
+class HeadEngine(Protocol):
+    """The lifecycle part of every head engine contract."""
+
+    async def check_health(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+
+class EngineCore(Protocol):
+    """A head's core, as far as its replica's lifecycle needs it."""
+
+    @property
+    def engine(self) -> HeadEngine: ...
+
+
+class EngineHead:
+    """Base of a Serve head class whose constructor sets ``self.core``.
+
+    A subclass narrows ``core`` to its own core class (a class-level annotation).
+    """
+
+    core: EngineCore
+
+    async def wake(self) -> None:
+        """Nothing to do: a call waiting for a replica is what scales a sleeping head up."""
+
+    async def check_health(self) -> None:
+        await self.core.engine.check_health()
+
+    async def __del__(self) -> None:
+        await self.core.engine.shutdown()

@@ -1,0 +1,195 @@
+"""LoRA adapters on a chat head: their files on this host, and which are loaded.
+
+The gateway sends an ``AdapterRef`` with each adapter request
+(docs/reference/adapters.md). ``AdapterFiles`` turns it into a local folder vLLM can
+load: an uploaded adapter's two files are fetched once from the gateway's object
+store into ``<models dir>/adapters/<key>`` (the key names the content, so a cached
+folder is never stale); an operator adapter names a folder, or ``prepared:<name>``.
+
+``AdapterSlots`` keeps the engine's loaded set. Which adapters stay loaded is decided
+by a least-recently-used policy of at most ``max_loras``: Ray Serve's model
+multiplexing in a Serve replica (so the router sends an adapter's requests to a
+replica that holds it), or ``AdapterSlots``' own order in process (tests). An
+adapter still in use by a running request is unloaded only when that request ends:
+vLLM's serving layer looks the adapter up again when generation starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import tempfile
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from serve_app.contract.adapters import AdapterObjects, AdapterRef
+from serve_app.contract.errors import ModelUnavailableError
+from serve_app.contract.paths import models_dir_from_environment
+
+logger = logging.getLogger(__name__)
+
+
+class AdapterEngine(Protocol):
+    """What the slots need of a ``TextEngine`` (``VLLMEngine`` implements it)."""
+
+    async def load_adapter(self, model_id: str, path: str) -> None: ...
+
+    async def unload_adapter(self, model_id: str) -> None: ...
+
+
+class AdapterFiles:
+    """An adapter's folder on this host, fetched from the gateway's store on first use."""
+
+    def __init__(
+        self,
+        open_objects: Callable[[], AdapterObjects] | None,
+        cache_dir: Path | None = None,
+        resolve_path: Callable[[str], str] | None = None,
+    ) -> None:
+        """``open_objects`` opens the gateway's object store in this process (None: only
+        operator adapters); ``resolve_path`` turns ``prepared:<name>`` into a folder."""
+        self._open_objects = open_objects
+        self._objects: AdapterObjects | None = None
+        self.cache_dir = cache_dir or models_dir_from_environment() / "adapters"
+        self._resolve_path = resolve_path or (lambda path: path)
+
+    def folder(self, ref: AdapterRef) -> str:
+        """The adapter's local folder (blocking: call it in a thread)."""
+        if ref.path is not None:
+            return self._resolve_path(ref.path)
+        target = self.cache_dir / ref.key
+        if all((target / name).is_file() for name, _ in ref.objects):
+            return str(target)
+        if self._open_objects is None:
+            raise ModelUnavailableError("This head cannot fetch uploaded adapters.")
+        if self._objects is None:
+            self._objects = self._open_objects()
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{ref.key}-", dir=self.cache_dir))
+        try:
+            for name, key in ref.objects:
+                (staging / name).write_bytes(self._objects.get(key))
+            with contextlib.suppress(OSError):  # another process won the race: keep its copy
+                staging.rename(target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return str(target)
+
+    def remove(self, key: str) -> None:
+        """Drop a cached uploaded adapter (it was deleted)."""
+        if "/" not in key and key not in ("", ".", ".."):
+            shutil.rmtree(self.cache_dir / key, ignore_errors=True)
+
+
+class AdapterSlots:
+    """The adapters loaded into one engine, with in-use pinning.
+
+    ``max_loaded``: evict the least recently used beyond this many (in process); None
+    where Ray Serve's multiplexing decides and calls ``evict``.
+    """
+
+    def __init__(
+        self, engine: AdapterEngine, files: AdapterFiles, max_loaded: int | None = None
+    ) -> None:
+        self.engine = engine
+        self.files = files
+        self.max_loaded = max_loaded
+        self._loaded: OrderedDict[str, AdapterRef] = OrderedDict()
+        self._draining: dict[str, AdapterRef] = {}
+        """Evicted while requests still generate with them: unloaded when the last ends."""
+        self._users: dict[str, int] = {}
+        self._lock = asyncio.Lock()
+
+    @property
+    def loaded(self) -> list[str]:
+        """Model ids loaded now, least recently used first."""
+        return list(self._loaded)
+
+    async def load(self, ref: AdapterRef) -> None:
+        """Load ``ref`` unless loaded; the files are fetched off the event loop, and only
+        other loads wait on the lock (base-model requests never touch it)."""
+        if self._reuse(ref):
+            return
+        async with self._lock:
+            if self._reuse(ref):
+                return
+            path = await asyncio.to_thread(self.files.folder, ref)
+            if self.max_loaded is not None:
+                while len(self._loaded) >= self.max_loaded:
+                    await self.evict(next(iter(self._loaded)))
+            await self.engine.load_adapter(ref.model_id, path)
+            self._loaded[ref.model_id] = ref
+            logger.info("adapter %s loaded (%s)", ref.model_id, ref.key)
+
+    def _reuse(self, ref: AdapterRef) -> bool:
+        if ref.model_id in self._draining:  # asked for again before it was unloaded
+            self._loaded[ref.model_id] = self._draining.pop(ref.model_id)
+        if ref.model_id not in self._loaded:
+            return False
+        self._loaded.move_to_end(ref.model_id)
+        return True
+
+    async def evict(self, model_id: str) -> None:
+        """Unload ``model_id`` now, or when its last running request ends."""
+        ref = self._loaded.pop(model_id, None)
+        if ref is None:
+            return
+        if self._users.get(model_id):
+            self._draining[model_id] = ref
+            return
+        await self.engine.unload_adapter(model_id)
+        logger.info("adapter %s unloaded", model_id)
+
+    async def forget(self, key: str) -> bool:
+        """The adapter was deleted: unload it and drop its cached files."""
+        model_ids = [m for m, ref in self._loaded.items() if ref.key == key]
+        for model_id in model_ids:
+            await self.evict(model_id)
+        await asyncio.to_thread(self.files.remove, key)
+        return bool(model_ids)
+
+    @contextlib.asynccontextmanager
+    async def using(self, ref: AdapterRef) -> AsyncIterator[None]:
+        """Pin ``ref`` loaded while a request generates with it."""
+        self._users[ref.model_id] = self._users.get(ref.model_id, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._users[ref.model_id] - 1
+            if left:
+                self._users[ref.model_id] = left
+            else:
+                del self._users[ref.model_id]
+                if self._draining.pop(ref.model_id, None) is not None:
+                    await self.engine.unload_adapter(ref.model_id)
+                    logger.info("adapter %s unloaded", ref.model_id)
+
+
+class MultiplexedAdapter:
+    """What Serve's multiplexing holds per adapter: evicted, it unloads from the engine.
+
+    Ray Serve calls a held model's ``__del__`` when its LRU drops it, in an executor
+    thread for a plain method; the unload then runs on the replica's loop. Called a
+    second time (by the garbage collector) it does nothing.
+    """
+
+    def __init__(self, slots: AdapterSlots, model_id: str, loop: Any) -> None:
+        self._slots = slots
+        self.model_id = model_id
+        self._loop = loop
+        self._done = False
+
+    def __del__(self) -> None:
+        if self._done or self._loop.is_closed():
+            return
+        self._done = True
+        future = asyncio.run_coroutine_threadsafe(self._slots.evict(self.model_id), self._loop)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # Serve's executor thread: wait, so the LRU stays exact
+            with contextlib.suppress(Exception):
+                future.result(timeout=60)

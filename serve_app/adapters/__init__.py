@@ -1,0 +1,2 @@
+"""LoRA adapters per organization: upload, list, delete, and resolution of
+``<base model>:<adapter>`` ids (docs/reference/adapters.md)."""

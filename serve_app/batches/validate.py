@@ -1,0 +1,149 @@
+"""Validation of a batch's input file: the file-level rules, with OpenAI's error codes.
+
+A file that breaks one fails the whole batch (status ``failed``, ``errors`` listing
+each offending line): a line that is not a JSON object (``invalid_json_line``), a
+missing or malformed ``custom_id``/``method``/``body`` (``invalid_request``), a
+``url`` other than the batch's endpoint (``invalid_url``), a ``custom_id`` seen
+before (``duplicate_custom_id``), a model the owner may not use on that endpoint
+(``model_not_found``), more lines than allowed (``maximum_requests_exceeded``), no
+line at all (``empty_file``). What the line's body says beyond its model is checked
+when the line runs, by the endpoint's own rules, and a violation is that line's
+error in the error file (docs/api.md, "Batches").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from serve_app.auth.principal import Principal
+from serve_app.batches.endpoints import ENDPOINTS, estimate_tokens
+from serve_app.catalog.catalog import Catalog
+from serve_app.catalog.config import CatalogModel
+from serve_app.protocol.batches import BatchError
+from serve_app.protocol.errors import GatewayError
+
+MAX_LISTED_ERRORS = 100
+"""A file with thousands of bad lines lists the first ones (each with its line)."""
+MAX_CUSTOM_ID_CHARS = 512
+
+
+@dataclass
+class Validated:
+    """The lines to run (``line``, ``custom_id``, ``body`` as JSON text), or errors."""
+
+    lines: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[BatchError] = field(default_factory=list)
+    estimated_tokens: int = 0
+
+    def add(self, code: str, message: str, line: int | None, param: str | None = None) -> None:
+        if len(self.errors) < MAX_LISTED_ERRORS:
+            self.errors.append(BatchError(code=code, message=message, param=param, line=line))
+
+
+class _Models:
+    """Catalog resolution per model id, once per file."""
+
+    def __init__(self, catalog: Catalog, principal: Principal, kind: Any) -> None:
+        self.catalog, self.principal, self.kind = catalog, principal, kind
+        self.seen: dict[str, CatalogModel | GatewayError] = {}
+
+    def resolve(self, model_id: str) -> CatalogModel | GatewayError:
+        if model_id not in self.seen:
+            try:
+                self.seen[model_id] = self.catalog.resolve(model_id, self.principal, self.kind)
+            except GatewayError as err:
+                self.seen[model_id] = err
+        return self.seen[model_id]
+
+
+def validate_input(
+    data: bytes, endpoint: str, catalog: Catalog, principal: Principal, max_lines: int
+) -> Validated:
+    """Check every line of ``data`` for a batch on ``endpoint``."""
+    result = Validated()
+    raw_lines = [(n, raw) for n, raw in enumerate(data.split(b"\n"), 1) if raw.strip()]
+    if not raw_lines:
+        result.add("empty_file", "The input file has no requests.", None)
+        return result
+    if len(raw_lines) > max_lines:
+        result.add(
+            "maximum_requests_exceeded",
+            f"The input file has {len(raw_lines)} requests; a batch holds at most {max_lines}.",
+            None,
+        )
+        return result
+    models = _Models(catalog, principal, ENDPOINTS[endpoint].model_kind)
+    seen: set[str] = set()
+    for number, raw in raw_lines:
+        _check_line(result, models, seen, endpoint, number, raw)
+    return result
+
+
+def _check_line(
+    result: Validated, models: _Models, seen: set[str], endpoint: str, number: int, raw: bytes
+) -> None:
+    try:
+        request = json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        request = None
+    if not isinstance(request, dict):
+        result.add("invalid_json_line", "This line is not a JSON object.", number)
+        return
+    custom_id, body = request.get("custom_id"), request.get("body")
+    problem = _shape_problem(request, endpoint)
+    if problem is not None:
+        code, message, param = problem
+        result.add(code, message, number, param)
+        return
+    assert isinstance(custom_id, str) and isinstance(body, dict)
+    if custom_id in seen:
+        result.add(
+            "duplicate_custom_id",
+            f"The custom_id '{custom_id[:64]}' appears more than once in the file.",
+            number,
+            "custom_id",
+        )
+        return
+    seen.add(custom_id)
+    model: CatalogModel | None = None
+    if isinstance(body.get("model"), str):
+        resolved = models.resolve(body["model"])
+        if isinstance(resolved, GatewayError):
+            result.add("model_not_found", resolved.message, number, "body.model")
+            return
+        model = resolved
+    if result.errors:
+        return  # the batch fails anyway: no need to keep lines
+    tokens = estimate_tokens(body, model) if model is not None else 0
+    result.estimated_tokens += tokens
+    result.lines.append(
+        {"line": number, "custom_id": custom_id, "body": json.dumps(body, ensure_ascii=False)}
+    )
+
+
+def _shape_problem(request: dict[str, Any], endpoint: str) -> tuple[str, str, str] | None:
+    """(code, message, param) of the first shape rule the line breaks."""
+    custom_id = request.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        return "invalid_request", "Each line needs a non-empty string 'custom_id'.", "custom_id"
+    if len(custom_id) > MAX_CUSTOM_ID_CHARS:
+        return (
+            "invalid_request",
+            f"'custom_id' is longer than {MAX_CUSTOM_ID_CHARS} characters.",
+            "custom_id",
+        )
+    if request.get("method") != "POST":
+        return "invalid_request", "'method' must be 'POST'.", "method"
+    url = request.get("url")
+    if url != endpoint:
+        shown = url[:128] if isinstance(url, str) else url
+        return (
+            "invalid_url",
+            f"The line's url {shown!r} does not match the batch endpoint '{endpoint}'.",
+            "url",
+        )
+    if not isinstance(request.get("body"), dict):
+        return "invalid_request", "'body' must be a JSON object (the request body).", "body"
+    return None

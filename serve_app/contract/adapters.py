@@ -1,0 +1,111 @@
+"""LoRA adapters: what the gateway and a chat head agree on (docs/reference/adapters.md).
+
+An adapter is addressed as ``<base model id>:<adapter name>``. The gateway resolves
+that id (the caller's organization's adapters, then the catalog's operator adapters)
+into an ``AdapterRef`` it puts on the ``HeadRequest``; the head materialises the
+adapter's files from the ref (the gateway's object store, or a folder on the head's
+host) and loads them into its engine. ``LoraSettings`` is the ``lora:`` block of a
+chat head's engine config: the head starts its engine with it, and the gateway
+validates uploads against the same bounds before anything loads.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
+"""The two files of a PEFT adapter this service accepts (safetensors only: never pickle)."""
+
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+"""Adapter names: lower case, no ``:`` (the id separator) and no path characters."""
+
+RESERVED_NAMES = frozenset({"spot"})
+"""``<model>:spot`` is the legacy spot suffix (docs/reference/common.md#versioning)."""
+
+SUPPORTED_TARGET_MODULES = frozenset(
+    {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+)
+"""Projection layers of the Llama/Qwen-style decoders the heads serve that vLLM's LoRA
+layers replace; an adapter targeting anything else (embeddings, lm_head) is refused."""
+
+VLLM_MAX_LORA_RANKS = frozenset({1, 8, 16, 32, 64, 128, 256, 320, 512})
+"""The ``max_lora_rank`` values vLLM accepts."""
+
+
+class LoraSettings(BaseModel):
+    """The ``lora:`` block of a vLLM chat head's engine config."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_lora_rank: int = Field(
+        default=16, description="Largest adapter rank (r) the engine accepts."
+    )
+    max_loras: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Adapters one replica keeps loaded (least recently used evicted), and "
+        "adapters one engine batch may mix.",
+    )
+    max_cpu_loras: int | None = Field(
+        default=None, ge=1, description="vLLM's CPU-side adapter cache; None: max_loras."
+    )
+    max_adapter_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1024,
+        description="Upper bound of an adapter's weights file (and of an upload, unpacked).",
+    )
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _rank_vllm_knows(cls, value: int) -> int:
+        """vLLM sizes its LoRA buffers for a fixed set of ranks and refuses others."""
+        if value not in VLLM_MAX_LORA_RANKS:
+            raise ValueError(f"max_lora_rank must be one of {sorted(VLLM_MAX_LORA_RANKS)}")
+        return value
+
+    def engine_kwargs(self) -> dict[str, object]:
+        """vLLM's engine args for these settings."""
+        return {
+            "enable_lora": True,
+            "max_lora_rank": self.max_lora_rank,
+            "max_loras": self.max_loras,
+            "max_cpu_loras": self.max_cpu_loras or self.max_loras,
+        }
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    """One adapter as a head receives it on a request.
+
+    ``key`` names this exact content (a new upload under an old name gets a new key):
+    it is the Serve multiplexed model id and the head's cache folder name.
+    """
+
+    key: str
+    model_id: str
+    """``<base>:<name>``: what the engine calls the adapter (and reports)."""
+    objects: tuple[tuple[str, str], ...] = ()
+    """(file name, object key) pairs in the gateway's object store (uploaded adapters)."""
+    path: str | None = None
+    """A folder on the head's host, or ``prepared:<name>`` (operator adapters)."""
+
+
+class AdapterObjects(Protocol):
+    """What a head needs of the gateway's object store: an object's bytes."""
+
+    def get(self, key: str) -> bytes: ...
+
+
+def split_adapter_id(model_id: str) -> tuple[str, str] | None:
+    """``<base>:<name>`` -> (base, name); None where ``model_id`` names no adapter."""
+    base, sep, name = model_id.rpartition(":")
+    if not sep or not base or name in RESERVED_NAMES or not NAME_PATTERN.fullmatch(name):
+        return None
+    return base, name

@@ -1,0 +1,1 @@
+"""Control: the reconciler and the Serve backends it converges to the stored endpoints."""

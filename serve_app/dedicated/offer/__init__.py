@@ -1,0 +1,1 @@
+"""What the catalog offers for dedicated use: models, engine settings, scaling policies."""

@@ -1,0 +1,1 @@
+"""Pricing and metering: the rate card's arithmetic and the billed replica lifetimes."""

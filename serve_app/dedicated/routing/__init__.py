@@ -1,0 +1,1 @@
+"""Routing: chat through ``ded/<slug>`` to the endpoint's own Serve app."""

@@ -1,0 +1,146 @@
+"""``/v1/files`` (docs/api.md, "Files"): upload, list, read, download, delete.
+
+A file belongs to the organization of the key that uploaded it (or, for a batch's
+output, of the batch's owner): every read is scoped to the caller's organization,
+and another organization's id answers exactly like a missing one (404). Bytes go
+to the object store (a local folder, or S3), rows to SQL; blocking calls of both
+run in threads, off the replica's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from serve_app.auth.principal import Principal
+from serve_app.files.store import FileRecord, FileStore, new_file_id, object_key
+from serve_app.inference.answers import Body
+from serve_app.protocol.errors import InvalidRequestError, NotFoundError, RequestTooLargeError
+from serve_app.protocol.files import UPLOAD_PURPOSES, FileDeleted, FileList, FileObject
+from serve_app.protocol.uploads import Upload
+from serve_app.storage.objects import ObjectStore
+from serve_app.storage.schema import utcnow
+
+MAX_FILENAME_CHARS = 255
+MAX_LIST_LIMIT = 10_000
+JSONL = "application/jsonl"
+
+
+def file_not_found(file_id: str) -> NotFoundError:
+    """The 404 of a missing file and of another organization's file alike."""
+    shown = file_id if len(file_id) <= 64 else f"{file_id[:64]}..."
+    return NotFoundError(f"No such File object: {shown}", code="file_not_found", param="file_id")
+
+
+def file_object(record: FileRecord) -> FileObject:
+    return FileObject(
+        id=record.id,
+        bytes=record.bytes,
+        created_at=int(record.created_at.timestamp()),
+        filename=record.filename,
+        purpose="batch_output" if record.purpose == "batch_output" else "batch",
+    )
+
+
+@dataclass(frozen=True)
+class FilePolicy:
+    max_file_bytes: int
+    list_limit: int
+
+
+class FileService:
+    """The files of every organization, in SQL and the object store."""
+
+    def __init__(self, store: FileStore, objects: ObjectStore, policy: FilePolicy) -> None:
+        self.store = store
+        self.objects = objects
+        self.policy = policy
+
+    async def upload(self, upload: Upload, purpose: str, principal: Principal) -> FileObject:
+        if purpose not in UPLOAD_PURPOSES:
+            raise InvalidRequestError(
+                f"Invalid value for 'purpose': '{purpose[:64]}'; supported: "
+                f"{', '.join(UPLOAD_PURPOSES)}.",
+                code="invalid_value",
+                param="purpose",
+            )
+        data = await upload.read(self.policy.max_file_bytes + 1)
+        if len(data) > self.policy.max_file_bytes:
+            raise RequestTooLargeError(
+                f"The file is larger than {self.policy.max_file_bytes} bytes.", param="file"
+            )
+        name = (upload.filename or "upload.jsonl")[:MAX_FILENAME_CHARS]
+        record = FileRecord(
+            id=new_file_id(),
+            org_id=principal.org_id,
+            user_id=principal.user_id,
+            purpose=purpose,
+            filename=name,
+            bytes=len(data),
+            object_key="",
+            created_at=utcnow(),
+        )
+        record = FileRecord(**{**record.to_row(), "object_key": object_key(record.id)})
+        await asyncio.to_thread(self.objects.put, record.object_key, data, JSONL)
+        await asyncio.to_thread(self.store.insert, record)
+        return file_object(record)
+
+    async def get(self, file_id: str, principal: Principal) -> FileObject:
+        return file_object(await self.record(file_id, principal.org_id))
+
+    async def record(self, file_id: str, org_id: str) -> FileRecord:
+        record = await asyncio.to_thread(self.store.get, file_id, org_id)
+        if record is None:
+            raise file_not_found(file_id)
+        return record
+
+    async def content(self, file_id: str, principal: Principal) -> Body:
+        record = await self.record(file_id, principal.org_id)
+        data = await asyncio.to_thread(self.objects.get, record.object_key)
+        return Body(data, media_type=JSONL)
+
+    async def list(
+        self,
+        principal: Principal,
+        *,
+        limit: int | None,
+        after: str | None,
+        purpose: str | None,
+        order: str,
+    ) -> FileList:
+        if order not in ("asc", "desc"):
+            raise InvalidRequestError(
+                "Invalid value for 'order': expected 'asc' or 'desc'.",
+                code="invalid_value",
+                param="order",
+            )
+        size = self.policy.list_limit if limit is None else limit
+        if not 1 <= size <= MAX_LIST_LIMIT:
+            raise InvalidRequestError(
+                f"Invalid value for 'limit': expected 1..{MAX_LIST_LIMIT}.",
+                code="invalid_value",
+                param="limit",
+            )
+        records, more = await asyncio.to_thread(
+            lambda: self.store.page(
+                principal.org_id,
+                limit=size,
+                after=after,
+                purpose=purpose,
+                newest_first=order == "desc",
+            )
+        )
+        data = [file_object(r) for r in records]
+        return FileList(
+            data=data,
+            first_id=data[0].id if data else None,
+            last_id=data[-1].id if data else None,
+            has_more=more,
+        )
+
+    async def delete(self, file_id: str, principal: Principal) -> FileDeleted:
+        record = await asyncio.to_thread(self.store.delete, file_id, principal.org_id)
+        if record is None:
+            raise file_not_found(file_id)
+        await asyncio.to_thread(self.objects.delete, record.object_key)
+        return FileDeleted(id=record.id)

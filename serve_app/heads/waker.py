@@ -1,0 +1,49 @@
+"""Waking a head that Ray Serve scaled down to zero replicas.
+
+Serve scales a deployment up from zero when a handle holds a call for it that no
+replica can take: the queued call is the demand its autoscaler sees. So waking a
+head is one call of its ``wake`` method (a no-op on the head) kept waiting until a
+replica exists and answers it. At most one such call per head is in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+WAKE_BOUND_S = 900.0
+"""How long one wake call waits for a replica (a cold 1.5B chat head takes ~1-2 min on
+two cores); the readiness check sends another on the next call after that."""
+
+
+class HeadWaker:
+    """Sends each sleeping head at most one pending ``wake`` call at a time."""
+
+    def __init__(self, handles: Mapping[str, Any], bound_s: float = WAKE_BOUND_S) -> None:
+        self._handles = handles
+        self._bound_s = bound_s
+        self._pending: dict[str, asyncio.Task[None]] = {}
+
+    def __call__(self, model_id: str) -> None:
+        """Start waking ``model_id`` unless a wake call for it is already waiting."""
+        task = self._pending.get(model_id)
+        if (task is not None and not task.done()) or model_id not in self._handles:
+            return
+        self._pending[model_id] = asyncio.get_running_loop().create_task(self._wake(model_id))
+
+    async def _wake(self, model_id: str) -> None:
+        started = time.monotonic()
+        logger.info("waking head %s", model_id)
+        response = self._handles[model_id].wake.remote()
+        try:
+            await asyncio.wait_for(response, self._bound_s)
+        except Exception as err:  # the next call to the head sends another
+            response.cancel()
+            logger.warning("head %s did not wake in %.0f s: %s", model_id, self._bound_s, err)
+            return
+        logger.info("head %s awake after %.1f s", model_id, time.monotonic() - started)

@@ -1,0 +1,56 @@
+"""What a service answers: a whole body, or a stream of frames. The routes make it HTTP.
+
+The services speak no web framework: each returns an ``Answer``, and the route hands it
+to ``serve_app.routes.answers.http_response``, the one place a Starlette response is
+built from one (the same status, headers and bytes either way). The batch worker reads
+a ``Body`` directly, as the line's result.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+JSON = "application/json"
+
+
+@dataclass(frozen=True)
+class Body:
+    """A whole answer, already serialized."""
+
+    content: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    status_code: int = 200
+    media_type: str = JSON
+
+    @classmethod
+    def json(
+        cls, payload: Any, *, status_code: int = 200, headers: dict[str, str] | None = None
+    ) -> Body:
+        """``payload`` written as JSON the way every JSON body of the API is: compact,
+        UTF-8 (non-ASCII characters as they are), NaN refused."""
+        content = json.dumps(
+            payload, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
+        ).encode("utf-8")
+        return cls(content, dict(headers or {}), status_code)
+
+
+@dataclass(frozen=True)
+class FrameStream:
+    """A streamed answer: its frames, and how to let go of it if they are never all read.
+
+    ``frames`` end the request themselves when consumed to their end or closed
+    (``MeteredStream.relay``); ``release`` covers a body that never started (the
+    client left first). Both are idempotent.
+    """
+
+    frames: AsyncIterator[bytes]
+    release: Callable[[], Awaitable[None]]
+    headers: dict[str, str] = field(default_factory=dict)
+    media_type: str = "text/event-stream"
+
+
+Answer = Body | FrameStream
+"""A service's answer to one request."""

@@ -1,0 +1,1 @@
+"""Speech and transcription: request rules, one metered head call, the answer."""

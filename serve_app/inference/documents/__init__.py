@@ -1,0 +1,1 @@
+"""Detect and parse: image rules, one metered head call, the answer."""

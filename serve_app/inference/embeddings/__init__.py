@@ -1,0 +1,1 @@
+"""Embeddings, rerank and score: request rules, head calls, answers, per-token billing."""

@@ -1,0 +1,1 @@
+"""Video generation jobs: submit, poll, cancel (job records and store: ``serve_app.jobs``)."""

@@ -1,0 +1,214 @@
+"""``/api/adapters`` and ``<base>:<adapter>`` ids through the in-process gateway
+(docs/reference/adapters.md), on a scripted head that serves adapters: its replies
+start with ``[<adapter id>]`` when generated with one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from serve_app.storage.db import Database
+from serve_app.storage.schema import usage_records
+from tests.fixtures.adapters import adapter_files, zipped
+from tests.fixtures.gateway import GatewayHarness, HarnessFactory
+
+BASE = "lora-base"
+PLAIN = "plain-chat"
+
+
+def _catalog(operator_dir: Path) -> list[dict[str, Any]]:
+    chat = {"head": "chat", "context_length": 64, "max_output_tokens": 16}
+    lora = {"max_lora_rank": 8, "max_loras": 2, "max_adapter_bytes": 64 * 1024}
+    return [
+        {
+            "id": BASE,
+            **chat,
+            "pricing": {"mode": "fixed", "input_per_mtok": 1.0, "output_per_mtok": 2.0},
+            "engine": {"backend": "scripted", "config": {"lora": lora}},
+            "adapters": [
+                {"name": "ops", "path": str(operator_dir), "description": "the operator's"},
+                {
+                    "name": "priced",
+                    "path": str(operator_dir),
+                    "pricing": {"input_per_mtok": 10.0, "output_per_mtok": 20.0},
+                },
+            ],
+        },
+        {"id": PLAIN, **chat},
+    ]
+
+
+@pytest.fixture
+async def lora_gateway(
+    make_gateway: HarnessFactory, tmp_path: Path, request: pytest.FixtureRequest
+) -> GatewayHarness:
+    operator_dir = tmp_path / "operator-adapter"
+    operator_dir.mkdir()
+    for name, data in adapter_files().items():
+        (operator_dir / name).write_bytes(data)
+    limits = getattr(request, "param", None)
+    args: dict[str, Any] = {"catalog": _catalog(operator_dir)}
+    if limits:
+        args["limits"] = limits
+    harness = await make_gateway(args=args)
+    harness.keys["admin"] = harness.store.create_key("ann", "acme", role="admin")
+    harness.keys["other_admin"] = harness.store.create_key("oz", "other", role="admin")
+    return harness
+
+
+async def _upload(harness: GatewayHarness, key: str, name: str, data: bytes, base: str = BASE):
+    async with harness.client(harness.keys[key]) as http:
+        return await http.post(
+            "/api/adapters",
+            data={"name": name, "base_model": base},
+            files={"file": ("adapter.zip", data, "application/zip")},
+        )
+
+
+async def _chat(harness: GatewayHarness, key: str, model: str, **extra: Any) -> Any:
+    body = {"model": model, "messages": [{"role": "user", "content": "hello"}], **extra}
+    async with harness.client(harness.keys[key]) as http:
+        return await http.post("/v1/chat/completions", json=body)
+
+
+async def test_upload_list_use_and_delete(lora_gateway: GatewayHarness) -> None:
+    resp = await _upload(lora_gateway, "admin", "mine", zipped(adapter_files(rank=4)))
+    assert resp.status_code == 200, resp.text
+    made = resp.json()
+    assert made["model"] == f"{BASE}:mine" and made["rank"] == 4
+    assert made["target_modules"] == ["q_proj", "v_proj"] and made["source"] == "organization"
+    async with lora_gateway.client(lora_gateway.keys["user"]) as http:
+        listed = (await http.get("/api/adapters")).json()["data"]
+        assert {a["model"]: a["source"] for a in listed} == {
+            f"{BASE}:mine": "organization",
+            f"{BASE}:ops": "catalog",
+            f"{BASE}:priced": "catalog",
+        }
+        models = {m["id"]: m for m in (await http.get("/v1/models")).json()["data"]}
+        assert models[f"{BASE}:mine"]["parent"] == BASE
+        assert models[f"{BASE}:ops"]["parent"] == BASE and "parent" not in models[BASE]
+        one = await http.get(f"/v1/models/{BASE}:mine")
+        assert one.status_code == 200 and one.json()["parent"] == BASE
+    reply = await _chat(lora_gateway, "user", f"{BASE}:mine")
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["model"] == f"{BASE}:mine"
+    assert reply.json()["choices"][0]["message"]["content"].startswith(f"[{BASE}:mine]")
+    base = await _chat(lora_gateway, "user", BASE)
+    assert not base.json()["choices"][0]["message"]["content"].startswith("[")
+    engine = lora_gateway.engines[BASE]
+    assert engine.adapters[f"{BASE}:mine"]["r"] == 4  # the uploaded files reached the head
+    async with lora_gateway.client(lora_gateway.keys["admin"]) as http:
+        assert (await http.delete("/api/adapters/mine")).status_code == 200
+        assert (await http.get("/api/adapters/mine")).status_code == 404
+    assert ("unload", f"{BASE}:mine") in engine.adapter_log  # deleting unloads it
+    gone = await _chat(lora_gateway, "user", f"{BASE}:mine")
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
+
+
+async def test_streams_and_completions_use_the_adapter(lora_gateway: GatewayHarness) -> None:
+    client = lora_gateway.openai(lora_gateway.keys["user"])
+    stream = await client.chat.completions.create(
+        model=f"{BASE}:ops", messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert text.startswith(f"[{BASE}:ops]")
+    completion = await client.completions.create(model=f"{BASE}:ops", prompt="say something")
+    assert completion.choices[0].text.startswith(f"[{BASE}:ops]")
+    response = await client.responses.create(model=f"{BASE}:ops", input="hi there")
+    assert response.output_text.startswith(f"[{BASE}:ops]")
+
+
+async def test_other_organizations_and_unknown_adapters_are_404(
+    lora_gateway: GatewayHarness,
+) -> None:
+    assert (await _upload(lora_gateway, "admin", "secret", zipped(adapter_files()))).is_success
+    answers = [
+        await _chat(lora_gateway, "other_admin", f"{BASE}:secret"),
+        await _chat(lora_gateway, "user", f"{BASE}:nope"),
+        await _chat(lora_gateway, "user", f"{PLAIN}:secret"),  # base serves no adapters
+    ]
+    assert [a.status_code for a in answers] == [404, 404, 404]
+    assert {a.json()["error"]["code"] for a in answers} == {"model_not_found"}
+    async with lora_gateway.client(lora_gateway.keys["other_admin"]) as http:
+        assert (await http.get("/api/adapters/secret")).status_code == 404
+        assert (await http.delete("/api/adapters/secret")).status_code == 404
+        models = [m["id"] for m in (await http.get("/v1/models")).json()["data"]]
+    assert f"{BASE}:secret" not in models and f"{BASE}:ops" in models
+
+
+async def test_upload_refusals(lora_gateway: GatewayHarness) -> None:
+    member = await _upload(lora_gateway, "user", "x", zipped(adapter_files()))
+    assert member.status_code == 403 and member.json()["error"]["code"] == "admin_required"
+    pickled = zipped({"adapter_config.json": b"{}", "adapter_model.bin": b"\x80\x04K."})
+    refused = await _upload(lora_gateway, "admin", "pickled", pickled)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "unsafe_adapter_format"
+    big = zipped(adapter_files(layers=60, width=64))  # weights over the 64 KiB bound
+    assert (await _upload(lora_gateway, "admin", "big", big)).status_code == 413
+    rank = await _upload(lora_gateway, "admin", "wide", zipped(adapter_files(rank=16)))
+    assert rank.json()["error"]["code"] == "adapter_rank_too_large"
+    plain = await _upload(lora_gateway, "admin", "p", zipped(adapter_files()), base=PLAIN)
+    assert plain.json()["error"]["code"] == "adapters_not_supported"
+    bad_name = await _upload(lora_gateway, "admin", "Bad:Name", zipped(adapter_files()))
+    assert bad_name.status_code == 400
+    assert (await _upload(lora_gateway, "admin", "dup", zipped(adapter_files()))).is_success
+    again = await _upload(lora_gateway, "admin", "dup", zipped(adapter_files()))
+    assert again.status_code == 409
+    clash = await _upload(lora_gateway, "admin", "ops", zipped(adapter_files()))
+    assert clash.status_code == 409  # the catalog's adapter name on that base
+    async with lora_gateway.client(lora_gateway.keys["admin"]) as http:
+        names = [a["name"] for a in (await http.get("/api/adapters")).json()["data"]]
+    assert names.count("dup") == 1 and "pickled" not in names and "big" not in names
+
+
+async def test_metered_under_the_adapter_id_at_its_price(
+    lora_gateway: GatewayHarness, tmp_path: Path
+) -> None:
+    for model in (f"{BASE}:ops", f"{BASE}:priced", BASE):
+        assert (await _chat(lora_gateway, "user", model, max_tokens=4)).status_code == 200
+    await lora_gateway.aclose()  # commit the spooled usage records
+    database = Database(f"sqlite:///{tmp_path / 'gw0' / 'gw.db'}")
+    with database.connect() as conn:
+        rows = conn.execute(sa.select(usage_records)).mappings().all()
+    by_model = {r["model"]: r for r in rows}
+    assert set(by_model) == {f"{BASE}:ops", f"{BASE}:priced", BASE}
+    ops, priced, base = by_model[f"{BASE}:ops"], by_model[f"{BASE}:priced"], by_model[BASE]
+    assert ops["prompt_tokens"] == base["prompt_tokens"] > 0
+    prices = {m: (r["input_per_mtok"], r["output_per_mtok"]) for m, r in by_model.items()}
+    assert prices[f"{BASE}:ops"] == prices[BASE] == (1.0, 2.0)  # priced as the base
+    assert prices[f"{BASE}:priced"] == (10.0, 20.0)  # the adapter's own price
+    expected = (priced["prompt_tokens"] * 10.0 + priced["completion_tokens"] * 20.0) / 1e6
+    assert float(priced["cost"]) == pytest.approx(expected)
+    assert float(ops["cost"]) > 0
+
+
+async def test_three_adapters_on_two_slots_evict_the_least_recently_used(
+    lora_gateway: GatewayHarness,
+) -> None:
+    for name in ("a1", "a2", "a3"):
+        assert (await _upload(lora_gateway, "admin", name, zipped(adapter_files()))).is_success
+    for name in ("a1", "a2", "a1", "a3", "a2"):
+        reply = await _chat(lora_gateway, "user", f"{BASE}:{name}")
+        content = reply.json()["choices"][0]["message"]["content"]
+        assert content.startswith(f"[{BASE}:{name}]")
+    log = lora_gateway.engines[BASE].adapter_log
+    assert log == [
+        ("load", f"{BASE}:a1"),
+        ("load", f"{BASE}:a2"),
+        ("unload", f"{BASE}:a2"),  # a1 was used after a2: a2 is the least recent
+        ("load", f"{BASE}:a3"),
+        ("unload", f"{BASE}:a1"),
+        ("load", f"{BASE}:a2"),
+    ]
+    assert len(lora_gateway.engines[BASE].adapters) == 2
+
+
+@pytest.mark.parametrize("lora_gateway", [{"rpm": 2}], indirect=True)
+async def test_adapter_calls_count_toward_the_callers_limits(lora_gateway: GatewayHarness) -> None:
+    assert (await _chat(lora_gateway, "user", BASE)).status_code == 200
+    assert (await _chat(lora_gateway, "user", f"{BASE}:ops")).status_code == 200
+    limited = await _chat(lora_gateway, "user", f"{BASE}:ops")  # the third in the minute
+    assert limited.status_code == 429, limited.text

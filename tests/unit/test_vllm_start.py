@@ -1,0 +1,133 @@
+"""The shared vLLM start sequence (``deployments/vllm_start.py``) and the single-engine heads'
+shared lifecycle (``deployments/engine_head.py``), without starting an engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from deployments import engine_head, vllm_start
+from serve_app.contract.errors import HeadFailure, InvalidRequestError
+
+
+@dataclass
+class _Args:
+    """Stands in for ``AsyncEngineArgs``: the start checks names against its fields."""
+
+    model: str = ""
+    max_num_seqs: int = 1
+    logging_config: Any = None
+
+
+@dataclass
+class _Core:
+    readers_started: int = 0
+
+    def _ensure_output_queue_task(self) -> None:
+        self.readers_started += 1
+
+
+@dataclass
+class _Engine:
+    args: _Args
+    stat_loggers: Any
+    engine_core: _Core = field(default_factory=_Core)
+
+
+class _AsyncLLM:
+    @staticmethod
+    def from_engine_args(args: _Args, stat_loggers: Any = None) -> _Engine:
+        return _Engine(args, stat_loggers)
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_start, "_engine_classes", lambda: (_Args, _AsyncLLM))
+    monkeypatch.setattr(vllm_start, "vllm_logging_config", lambda: "no-dictconfig")
+
+
+async def test_start_keeps_vllm_logging_out_and_starts_the_reader(fake_vllm: None) -> None:
+    engine = await vllm_start.start_async_llm({"model": "m", "max_num_seqs": 8}, stat_loggers=[1])
+    assert engine.args == _Args(model="m", max_num_seqs=8, logging_config="no-dictconfig")
+    assert engine.stat_loggers == [1]
+    assert engine.engine_core.readers_started == 1
+
+
+async def test_a_callers_logging_config_wins(fake_vllm: None) -> None:
+    engine = await vllm_start.start_async_llm({"model": "m", "logging_config": "own"})
+    assert engine.args.logging_config == "own"
+
+
+async def test_unknown_engine_args_are_named_before_anything_starts(fake_vllm: None) -> None:
+    with pytest.raises(ValueError, match="Unknown vLLM engine args: bogus, zeta"):
+        await vllm_start.start_async_llm({"model": "m", "zeta": 1, "bogus": 2})
+
+
+async def test_a_device_other_than_the_builds_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(vllm_start, "_device_type", lambda: "cpu")
+    assert await vllm_start.vllm_device_type("auto") == "cpu"
+    assert await vllm_start.vllm_device_type("cpu") == "cpu"
+    with pytest.raises(RuntimeError, match=r"asks for device 'cuda'.*targets 'cpu'"):
+        await vllm_start.vllm_device_type("cuda")
+
+
+async def test_answer_as_value_keeps_a_callers_status_and_hides_crashes() -> None:
+    async def refused() -> int:
+        raise InvalidRequestError("bad input", code="invalid_value", param="input")
+
+    async def crashed() -> int:
+        raise KeyError("boom")
+
+    async def fine() -> int:
+        return 7
+
+    assert await engine_head.answer_as_value("embedding", "r1", fine()) == 7
+    bad = await engine_head.answer_as_value("embedding", "r1", refused())
+    assert isinstance(bad, HeadFailure) and bad.status_code == 400 and bad.code == "invalid_value"
+    broken = await engine_head.answer_as_value("embedding", "r1", crashed())
+    assert isinstance(broken, HeadFailure) and broken.status_code == 502
+    assert "The embedding model failed" in broken.message
+
+
+class _Lifecycle:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def check_health(self) -> None:
+        self.calls.append("health")
+
+    async def shutdown(self) -> None:
+        self.calls.append("shutdown")
+
+
+async def test_engine_head_lifecycle_reaches_the_engine() -> None:
+    # Called on a plain object: an EngineHead instance would, once collected, run its async
+    # __del__ as a coroutine nobody awaits (Serve awaits it on a real replica).
+    engine = _Lifecycle()
+    head: Any = SimpleNamespace(core=SimpleNamespace(engine=engine))
+    await engine_head.EngineHead.wake(head)
+    await engine_head.EngineHead.check_health(head)
+    await engine_head.EngineHead.__del__(head)
+    assert engine.calls == ["health", "shutdown"]
+
+
+def test_engine_state_errors_shared_by_every_vllm_head() -> None:
+    from http import HTTPStatus
+
+    from vllm.exceptions import GracefulHTTPError
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    ours = InvalidRequestError("bad", code="invalid_value")
+    assert vllm_start.engine_state_error(ours) is ours
+    dead = vllm_start.engine_state_error(EngineDeadError("gone"))
+    assert dead is not None and (dead.status_code, dead.code) == (503, "engine_dead")
+    busy = vllm_start.engine_state_error(GracefulHTTPError("full", HTTPStatus(503)))
+    assert busy is not None and busy.status_code == 503 and busy.message == "full"
+    gone = vllm_start.engine_state_error(GracefulHTTPError("no such", HTTPStatus(404)))
+    assert gone is not None and gone.status_code == 404
+    assert vllm_start.engine_state_error(ValueError("a caller's mistake?")) is None
