@@ -17,6 +17,8 @@ from pathlib import Path
 
 import psutil
 
+from deployments.vllm_start import CPU_THREADS_BIND
+
 SMOLLM2 = "smollm2-135m-instruct"
 
 ENGINE_FLAGS = {
@@ -66,7 +68,9 @@ def start_vllm(
             cmd += [ENGINE_FLAGS[name], str(value)]
         else:
             raise ValueError(f"no vLLM server flag known for engine setting {name!r}")
+    # The heads' CPU thread setting (deployments/vllm_start.py), so both stacks run alike.
     env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
+    env.setdefault(*CPU_THREADS_BIND)
     return subprocess.Popen(
         cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True
     )

@@ -16,7 +16,14 @@ the engine, but start it the same way, and each step matters for a replica:
   of the import's stack (vLLM stores exceptions for missing optional modules whose
   tracebacks would pin the starting frame and with it the engine);
 - the client's output reader is started at once, so an engine crash is noticed
-  before the first request.
+  before the first request;
+- on a CPU build, the engine's worker threads are not pinned (``CPU_THREADS_BIND``):
+  vLLM's ``auto`` binding reserves the host's last core and pins every engine's
+  worker to the same remaining cores, so on a box that runs several heads their
+  workers all queue on one core while another idles (a 2-core machine: every
+  worker on core 0). Unpinned, the kernel spreads them. An operator who runs one
+  engine per node can set ``VLLM_CPU_OMP_THREADS_BIND`` (``auto`` or a core list)
+  in the head's ``runtime_env``; it is kept.
 
 vLLM is imported lazily: importing this module needs no vLLM.
 """
@@ -30,6 +37,9 @@ from typing import Any
 
 from deployments.replica_logging import vllm_logging_config
 from serve_app.contract.errors import GatewayError, ModelUnavailableError
+
+CPU_THREADS_BIND = ("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+"""vLLM's CPU thread binding and the value heads use unless the operator set one."""
 
 
 def _device_type() -> str:
@@ -50,6 +60,8 @@ async def vllm_device_type(requested: str) -> str:
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
     device_type = await asyncio.to_thread(_device_type)
+    if device_type == "cpu":  # read when the engine starts its worker: set before that
+        os.environ.setdefault(*CPU_THREADS_BIND)
     if requested not in ("auto", device_type):
         raise RuntimeError(
             f"Config asks for device '{requested}' but the installed vLLM targets '{device_type}'."

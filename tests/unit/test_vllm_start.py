@@ -3,6 +3,7 @@ shared lifecycle (``deployments/engine_head.py``), without starting an engine.""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -74,6 +75,22 @@ async def test_a_device_other_than_the_builds_is_refused(
     assert await vllm_start.vllm_device_type("cpu") == "cpu"
     with pytest.raises(RuntimeError, match=r"asks for device 'cuda'.*targets 'cpu'"):
         await vllm_start.vllm_device_type("cuda")
+
+
+async def test_cpu_engines_leave_their_workers_unpinned_unless_told(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    name, unpinned = vllm_start.CPU_THREADS_BIND
+    monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(vllm_start, "_device_type", lambda: "cuda")
+    await vllm_start.vllm_device_type("auto")
+    assert name not in os.environ  # a GPU build: nothing to say
+    monkeypatch.setattr(vllm_start, "_device_type", lambda: "cpu")
+    await vllm_start.vllm_device_type("auto")
+    assert os.environ[name] == unpinned == "nobind"
+    monkeypatch.setenv(name, "0-1")  # the operator's choice is kept
+    await vllm_start.vllm_device_type("auto")
+    assert os.environ[name] == "0-1"
 
 
 async def test_answer_as_value_keeps_a_callers_status_and_hides_crashes() -> None:
