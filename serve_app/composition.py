@@ -37,7 +37,7 @@ from serve_app.batches.store import BatchStore
 from serve_app.batches.worker import BatchWorker
 from serve_app.catalog.catalog import Catalog
 from serve_app.config import GatewayAppArgs
-from serve_app.dedicated.api.facade import build_dedicated
+from serve_app.dedicated.api.facade import Dedicated, build_dedicated
 from serve_app.dedicated.control.backend import ServeBackend
 from serve_app.dedicated.control.ray_backend import RayServeBackend
 from serve_app.dedicated.routing.floor import build_floor_counts
@@ -107,25 +107,75 @@ def build_state(
     ``sandbox`` the code sandbox (default: bubblewrap in this process);
     ``clock`` the dedicated subsystem's and the batches' (tests drive a manual one).
     """
-    dedicated = build_dedicated(
-        config.dedicated,
-        config.catalog,
-        database,
-        dedicated_backend,
-        clock=clock,
-        floor=build_floor_counts(settings.redis_url, prefix=config.limits.redis_prefix)
-        if dedicated_backend is not None and config.dedicated.enabled
-        else None,
-    )
+    dedicated = _dedicated(config, database, settings, dedicated_backend, clock)
     router = dedicated.router if dedicated is not None else None
     catalog = Catalog(
         config.catalog, alias_resolver=router.resolve_model if router is not None else None
     )
-    images = ImagePolicy(**config.images.model_dump())
+    images = ImagePolicy(**config.images.model_dump())  # one policy: chat and documents
     metering = build_metering(config, database, settings, counters=counters, metrics=metrics)
     objects = objects or build_object_store(settings)
     adapters = AdapterService(catalog, AdapterStore(database), objects, heads)
-    text = TextService(
+    text = _text(config, catalog, heads, readiness, images, metering, router, adapters)
+    tools = _tools(config, settings, sandbox)
+    files = _files(config, database, objects)
+    state = GatewayState(
+        catalog=catalog,
+        auth=_auth(database, settings),
+        text=text,
+        audio=_audio(config, catalog, speech_heads, transcription_heads, readiness, metering),
+        responses=ResponsesService(text, tools),
+        tool_chat=ToolChatService(text, tools),
+        documents=_documents(config, catalog, document_heads, readiness, images, metering),
+        video=_video(
+            config, catalog, video_heads, readiness, database, objects, settings, metering
+        ),
+        embeddings=_embeddings(config, catalog, pooling_heads or {}, readiness, metering, router),
+        replays=build_replay_store(settings.redis_url, prefix=config.limits.redis_prefix),
+        files=files,
+        batches=BatchService(BatchStore(database), files.store, config.batches, clock=clock),
+        adapters=adapters,
+        dedicated=dedicated,
+    )
+    if config.batches.enabled:
+        _attach_batch_worker(state, config, database, settings, objects, metering, clock)
+    return state
+
+
+def _dedicated(
+    config: GatewayAppArgs,
+    database: Database,
+    settings: GatewaySettings,
+    backend: ServeBackend | None,
+    clock: Callable[[], datetime],
+) -> Dedicated | None:
+    """Dedicated endpoints come first: the catalog and the text service take its router's
+    hooks. The shared floor counts (Redis) exist only where endpoints can be deployed."""
+    return build_dedicated(
+        config.dedicated,
+        config.catalog,
+        database,
+        backend,
+        clock=clock,
+        floor=build_floor_counts(settings.redis_url, prefix=config.limits.redis_prefix)
+        if backend is not None and config.dedicated.enabled
+        else None,
+    )
+
+
+def _text(
+    config: GatewayAppArgs,
+    catalog: Catalog,
+    heads: dict[str, HeadClient],
+    readiness: HeadReadiness,
+    images: ImagePolicy,
+    metering: Metering,
+    router: DedicatedRouter | None,
+    adapters: AdapterService,
+) -> TextService:
+    """Chat and completions: the catalog's heads, dedicated endpoints' heads by alias, and
+    organizations' LoRA adapters (``<base>:<name>`` ids)."""
+    return TextService(
         catalog,
         heads,
         readiness,
@@ -135,63 +185,102 @@ def build_state(
         head_lookup=router.head_for if router is not None else None,
         adapters=adapters,
     )
-    tools = ToolRuntime.from_options(
+
+
+def _auth(database: Database, settings: GatewaySettings) -> AuthService:
+    """API keys checked against the database and cached per replica; the accounts
+    generation (``serve_app.auth.epoch``) tells every replica when its cache is stale."""
+    return AuthService(
+        AccountStore(database, pepper=settings.key_pepper),
+        settings,
+        epochs=EpochWatch.build(database, settings.redis_url),
+    )
+
+
+def _audio(
+    config: GatewayAppArgs,
+    catalog: Catalog,
+    speech: dict[str, SpeechClient] | None,
+    transcription: dict[str, TranscriptionClient] | None,
+    readiness: HeadReadiness,
+    metering: Metering,
+) -> AudioService:
+    """Speech and transcription; ``max_audio_seconds`` is bound to the transcription
+    heads (``serve_app.builders``), not the service, so it stays out of its policy."""
+    return AudioService(
+        catalog,
+        speech or {},
+        transcription or {},
+        readiness,
+        AudioPolicy(**config.audio.model_dump(exclude={"max_audio_seconds"})),
+        metering,
+    )
+
+
+def _documents(
+    config: GatewayAppArgs,
+    catalog: Catalog,
+    heads: dict[str, DocumentClient] | None,
+    readiness: HeadReadiness,
+    images: ImagePolicy,
+    metering: Metering,
+) -> DocumentService:
+    """Document parsing: its image inputs follow the same policy as chat's."""
+    return DocumentService(
+        catalog,
+        heads or {},
+        readiness,
+        images,
+        DocumentPolicy(**config.documents.model_dump()),
+        metering,
+    )
+
+
+def _video(
+    config: GatewayAppArgs,
+    catalog: Catalog,
+    heads: dict[str, VideoHeadClient] | None,
+    readiness: HeadReadiness,
+    database: Database,
+    objects: ObjectStore,
+    settings: GatewaySettings,
+    metering: Metering,
+) -> VideoService:
+    """Video generation is a job: its rows in the database, its results in the object
+    store behind expiring URLs."""
+    return VideoService(
+        catalog,
+        heads or {},
+        readiness,
+        JobStore(database),
+        objects,
+        config.video,
+        url_expiry_s=settings.object_url_expiry_s,
+        public_base_url=settings.public_base_url,
+        metering=metering,
+    )
+
+
+def _tools(
+    config: GatewayAppArgs, settings: GatewaySettings, sandbox: CodeSandbox | None
+) -> ToolRuntime:
+    """The hosted tools of chat and responses; code runs in ``sandbox`` (the tool-runner
+    replicas under Serve), else in a bubblewrap sandbox of this process."""
+    return ToolRuntime.from_options(
         config.tools,
         settings.state_dir,
         sandbox=sandbox or BwrapSandbox(config.tools.code_interpreter),
     )
-    file_store = FileStore(database)
-    state = GatewayState(
-        catalog=catalog,
-        auth=AuthService(
-            AccountStore(database, pepper=settings.key_pepper),
-            settings,
-            epochs=EpochWatch.build(database, settings.redis_url),
-        ),
-        text=text,
-        audio=AudioService(
-            catalog,
-            speech_heads or {},
-            transcription_heads or {},
-            readiness,
-            AudioPolicy(**config.audio.model_dump(exclude={"max_audio_seconds"})),
-            metering,
-        ),
-        responses=ResponsesService(text, tools),
-        tool_chat=ToolChatService(text, tools),
-        documents=DocumentService(
-            catalog,
-            document_heads or {},
-            readiness,
-            images,
-            DocumentPolicy(**config.documents.model_dump()),
-            metering,
-        ),
-        video=VideoService(
-            catalog,
-            video_heads or {},
-            readiness,
-            JobStore(database),
-            objects,
-            config.video,
-            url_expiry_s=settings.object_url_expiry_s,
-            public_base_url=settings.public_base_url,
-            metering=metering,
-        ),
-        embeddings=_embeddings(config, catalog, pooling_heads or {}, readiness, metering, router),
-        replays=build_replay_store(settings.redis_url, prefix=config.limits.redis_prefix),
-        files=FileService(
-            file_store,
-            objects,
-            FilePolicy(config.batches.max_file_bytes, config.batches.files_list_limit),
-        ),
-        batches=BatchService(BatchStore(database), file_store, config.batches, clock=clock),
-        adapters=adapters,
-        dedicated=dedicated,
+
+
+def _files(config: GatewayAppArgs, database: Database, objects: ObjectStore) -> FileService:
+    """Uploaded files (batch inputs, results): rows in the database, bytes in the object
+    store; the batch service and worker share its store."""
+    return FileService(
+        FileStore(database),
+        objects,
+        FilePolicy(config.batches.max_file_bytes, config.batches.files_list_limit),
     )
-    if config.batches.enabled:
-        _attach_batch_worker(state, config, database, settings, objects, metering, clock)
-    return state
 
 
 def _embeddings(

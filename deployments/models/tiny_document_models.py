@@ -47,14 +47,33 @@ def _tokenizer(vocab_size: int = 160) -> Any:
     return bpe_tokenizer(_CORPUS, vocab_size, bos=True)
 
 
+_TINY_DETR: dict[str, Any] = {
+    "d_model": 16,
+    "encoder_layers": 1,
+    "decoder_layers": 1,
+    "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2,
+    "encoder_ffn_dim": 32,
+    "decoder_ffn_dim": 32,
+    "num_queries": 8,
+    "id2label": {0: "table", 1: "table rotated"},
+    "label2id": {"table": 0, "table rotated": 1},
+}
+"""The DETR head both table-transformer demos share; only their backbones differ."""
+
+
+def _save_detr(config: Any, out: Path) -> None:
+    """Save a table-transformer of ``config`` with seeded random weights (the caller seeds)
+    and the image processor the detect engine loads beside it."""
+    from transformers import DetrImageProcessor, TableTransformerForObjectDetection
+
+    TableTransformerForObjectDetection(config).eval().save_pretrained(out)
+    DetrImageProcessor(size={"shortest_edge": 128, "longest_edge": 256}).save_pretrained(out)
+
+
 def _build_table_transformer(out: Path) -> None:
     import torch
-    from transformers import (
-        DetrImageProcessor,
-        ResNetConfig,
-        TableTransformerConfig,
-        TableTransformerForObjectDetection,
-    )
+    from transformers import ResNetConfig, TableTransformerConfig
 
     torch.manual_seed(0)
     # Some keyword arguments are read by the config classes' ``**kwargs`` only, so they
@@ -69,19 +88,9 @@ def _build_table_transformer(out: Path) -> None:
     config = TableTransformerConfig(
         **detr_args,
         backbone_config=ResNetConfig(**backbone_args),
-        d_model=16,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        num_queries=8,
-        id2label={0: "table", 1: "table rotated"},
-        label2id={"table": 0, "table rotated": 1},
+        **_TINY_DETR,
     )
-    TableTransformerForObjectDetection(config).eval().save_pretrained(out)
-    DetrImageProcessor(size={"shortest_edge": 128, "longest_edge": 256}).save_pretrained(out)
+    _save_detr(config, out)
 
 
 def _build_table_transformer_timm(out: Path) -> None:
@@ -91,11 +100,7 @@ def _build_table_transformer_timm(out: Path) -> None:
     so loading it needs ``timm``; this model makes that path testable without the hub.
     """
     import torch
-    from transformers import (
-        DetrImageProcessor,
-        TableTransformerConfig,
-        TableTransformerForObjectDetection,
-    )
+    from transformers import TableTransformerConfig
 
     torch.manual_seed(0)
     detr_args: dict[str, Any] = {
@@ -106,19 +111,9 @@ def _build_table_transformer_timm(out: Path) -> None:
     }
     config = TableTransformerConfig(
         **detr_args,
-        d_model=16,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        num_queries=8,
-        id2label={0: "table", 1: "table rotated"},
-        label2id={"table": 0, "table rotated": 1},
+        **_TINY_DETR,
     )
-    TableTransformerForObjectDetection(config).eval().save_pretrained(out)
-    DetrImageProcessor(size={"shortest_edge": 128, "longest_edge": 256}).save_pretrained(out)
+    _save_detr(config, out)
     # Written the way the published config.json is (transformers 5 saves a nested
     # timm_backbone config instead), so loading goes through the same conversion.
     saved = json.loads((out / "config.json").read_text())

@@ -193,9 +193,12 @@ class BwrapSandbox:
         argv += [*extra, "--", opts.python, "-u", "-I", "/job/launch.py"]
         return argv
 
-    async def _execute(self, job: Path, timeout_s: float, uid: int) -> CodeRun:
-        cgroup = self.cgroups.create(self.options.run_memory_mb * 1024 * 1024)
-        sync = StartupSync()
+    async def _start(
+        self, job: Path, uid: int, sync: StartupSync, cgroup: RunCgroup | None
+    ) -> asyncio.subprocess.Process:
+        """Start bwrap, held at ``--block-fd`` until released; on failure nothing of the
+        run (startup pipes, memory cgroup) is left behind, since ``_execute`` never gets
+        a process whose ``finally`` would clean them up."""
         # preexec_fn, not user=/group=: Serve replicas run on uvloop, whose subprocess_exec
         # refuses those keywords ("unexpected kwargs") but runs a preexec_fn in the child.
         drop = _drop_to(uid) if os.geteuid() == 0 else None
@@ -218,6 +221,14 @@ class BwrapSandbox:
                 await cgroup.remove()
             raise
         sync.close_child_ends()
+        return process
+
+    async def _execute(self, job: Path, timeout_s: float, uid: int) -> CodeRun:
+        """One run: start it, move it into its cgroup, release it, wait at most
+        ``timeout_s``, then kill whatever is left and report what it printed."""
+        cgroup = self.cgroups.create(self.options.run_memory_mb * 1024 * 1024)
+        sync = StartupSync()
+        process = await self._start(job, uid, sync, cgroup)
         out, err = _CappedReader(self.options.max_output_bytes), _CappedReader(8192)
         # The pipes are read until EOF even after a kill: a reader that stopped
         # would leave the pipe paused, and the exit of the process unobserved.

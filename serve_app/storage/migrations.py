@@ -50,6 +50,13 @@ class Migration:
 def _v1_accounts(conn: Connection) -> None:
     """Orgs, users, memberships and API keys as they were first shipped."""
     md = sa.MetaData()
+    _v1_orgs_and_users(md)
+    _v1_memberships_and_keys(md)
+    md.create_all(conn)
+
+
+def _v1_orgs_and_users(md: sa.MetaData) -> None:
+    """Version 1's principals, in the order they were first declared (the DDL follows it)."""
     ts = sa.DateTime(timezone=True)
     sa.Table(
         "orgs",
@@ -77,6 +84,11 @@ def _v1_accounts(conn: Connection) -> None:
         ),
         sa.Column("created_at", ts, nullable=False),
     )
+
+
+def _v1_memberships_and_keys(md: sa.MetaData) -> None:
+    """Version 1's links from users to orgs and to their API keys (both cascade on delete)."""
+    ts = sa.DateTime(timezone=True)
     sa.Table(
         "memberships",
         md,
@@ -107,7 +119,6 @@ def _v1_accounts(conn: Connection) -> None:
         sa.Index("ix_api_keys_key_hash", "key_hash", unique=True),
         sa.Index("ix_api_keys_user_id", "user_id"),
     )
-    md.create_all(conn)
 
 
 def _v2_usage_ledger(conn: Connection) -> None:

@@ -9,6 +9,7 @@ silently ignored is refused (``engine_setting_unavailable``) instead.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +59,8 @@ def _max_model_len(config: dict[str, Any], model: CatalogModel) -> DedicatedEngi
     )
 
 
-def _max_num_seqs(config: dict[str, Any], vllm: bool, top: int) -> DedicatedEngineSetting:
+def max_num_seqs_setting(config: dict[str, Any], vllm: bool, top: int) -> DedicatedEngineSetting:
+    """``max_num_seqs`` up to ``top``; its default is the config's, else vLLM's own."""
     default = config.get("max_num_seqs") or (VLLM_DEFAULT_MAX_NUM_SEQS if vllm else None)
     reason = None if default is not None else "default_unknown"
     return DedicatedEngineSetting(available=True, reason=reason, default=default, min=1, max=top)
@@ -96,13 +98,32 @@ def engine_offer(model: CatalogModel, options: DedicatedModelOptions) -> EngineO
     model_bound = options.admission_bound or model.deployment.max_ongoing_requests
     settings: dict[EngineSettingName, DedicatedEngineSetting] = {
         "max_model_len": _max_model_len(config, model),
-        "max_num_seqs": _max_num_seqs(config, vllm, options.max_concurrent_inputs or model_bound),
+        "max_num_seqs": max_num_seqs_setting(
+            config, vllm, options.max_concurrent_inputs or model_bound
+        ),
         "prefix_caching": _prefix_caching(config, options),
         "speculative_tokens": _speculative(options),
     }
-    if not vllm:
+    return offer_of(model, options, config, model_bound, settings, list(settings))
+
+
+def offer_of(
+    model: CatalogModel,
+    options: DedicatedModelOptions,
+    config: dict[str, Any],
+    model_bound: int,
+    settings: dict[EngineSettingName, DedicatedEngineSetting],
+    declarable: Iterable[EngineSettingName],
+) -> EngineOffer:
+    """The offer of ``settings``, shared by chat and pooling models.
+
+    vLLM honours every setting. Another backend may silently ignore one, so each of the
+    ``declarable`` settings its ``offered_settings`` does not declare is marked
+    ``script_ignores_setting`` and refused; the others keep what ``settings`` says.
+    """
+    if model.engine.backend != "vllm":
         offered = set(options.offered_settings or [])
-        for name in list(settings):
+        for name in declarable:
             if name not in offered:
                 settings[name] = _ignored(name, settings[name].default)
     return EngineOffer(

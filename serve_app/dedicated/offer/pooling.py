@@ -14,9 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 from serve_app.catalog.config import CatalogModel
-from serve_app.dedicated.offer.engine import EngineOffer, _ignored, _max_num_seqs, engine_offer
+from serve_app.dedicated.offer.engine import (
+    EngineOffer,
+    engine_offer,
+    max_num_seqs_setting,
+    offer_of,
+)
 from serve_app.dedicated.options import DedicatedModelOptions, EngineSettingName
-from serve_app.protocol.dedicated import DedicatedEngineBounds, DedicatedEngineSetting
+from serve_app.protocol.dedicated import DedicatedEngineSetting
 
 POOLING_MIN_MODEL_LEN = 64
 VLLM_POOLING_DEFAULT_MAX_NUM_SEQS = 64  # VLLMPoolingConfig's default (a test checks it)
@@ -43,7 +48,7 @@ def pooling_engine_offer(model: CatalogModel, options: DedicatedModelOptions) ->
     top = options.max_concurrent_inputs or model_bound
     settings: dict[EngineSettingName, DedicatedEngineSetting] = {
         "max_model_len": _max_model_len(config, model),
-        "max_num_seqs": _max_num_seqs(config_for_default, vllm, top),
+        "max_num_seqs": max_num_seqs_setting(config_for_default, vllm, top),
         "prefix_caching": DedicatedEngineSetting(
             available=False, reason="pooling_model", default=False
         ),
@@ -51,17 +56,9 @@ def pooling_engine_offer(model: CatalogModel, options: DedicatedModelOptions) ->
             available=False, reason="pooling_model", default=0, min=0, max=0, choices=[0]
         ),
     }
-    if not vllm:
-        offered = set(options.offered_settings or [])
-        for name in ("max_model_len", "max_num_seqs"):
-            if name not in offered:
-                settings[name] = _ignored(name, settings[name].default)
-    return EngineOffer(
-        backend=model.engine.backend,
-        base_config=config,
-        bounds=DedicatedEngineBounds(**settings),
-        model_bound=model_bound,
-        speculative_method=options.speculative_method,
+    # The two pooling_model settings are refused whatever the backend declares.
+    return offer_of(
+        model, options, config, model_bound, settings, ("max_model_len", "max_num_seqs")
     )
 
 
