@@ -12,6 +12,12 @@ multiplexing in a Serve replica (so the router sends an adapter's requests to a
 replica that holds it), or ``AdapterSlots``' own order in process (tests). An
 adapter still in use by a running request is unloaded only when that request ends:
 vLLM's serving layer looks the adapter up again when generation starts.
+
+A deleted adapter is forgotten (``AdapterSlots.forget``): unloaded, its files dropped,
+and its key remembered so that a late request cannot load it again; in a Serve replica
+``drop_multiplexed`` also takes it out of Serve's multiplexing LRU, so the replica stops
+reporting it to the routers and the gateway's repeated ``forget_adapter`` reaches the
+next replica that holds it (docs/reference/adapters.md#deleting).
 """
 
 from __future__ import annotations
@@ -26,11 +32,17 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from serve_app.contract.adapters import AdapterObjects, AdapterRef
-from serve_app.contract.errors import ModelUnavailableError
+from serve_app.contract.adapters import AdapterObjects, AdapterRef, ForgetReply
+from serve_app.contract.errors import ModelUnavailableError, model_not_found
 from serve_app.contract.paths import models_dir_from_environment
 
 logger = logging.getLogger(__name__)
+
+MAX_FORGOTTEN = 4096
+"""Deleted adapters' keys a replica remembers (keys are never reused: a bound on memory)."""
+MULTIPLEX_WRAPPER_ATTR = "__serve_multiplex_wrapper"
+"""Where ``serve.multiplexed`` keeps its ``_ModelMultiplexWrapper`` on the load function
+(Ray 2.60, ``ray/serve/api.py``), created on its first call."""
 
 
 class AdapterEngine(Protocol):
@@ -102,6 +114,8 @@ class AdapterSlots:
         self._draining: dict[str, AdapterRef] = {}
         """Evicted while requests still generate with them: unloaded when the last ends."""
         self._users: dict[str, int] = {}
+        self._forgotten: OrderedDict[str, None] = OrderedDict()
+        """Keys of deleted adapters (``forget``): never loaded again here."""
         self._lock = asyncio.Lock()
 
     @property
@@ -111,7 +125,10 @@ class AdapterSlots:
 
     async def load(self, ref: AdapterRef) -> None:
         """Load ``ref`` unless loaded; the files are fetched off the event loop, and only
-        other loads wait on the lock (base-model requests never touch it)."""
+        other loads wait on the lock (base-model requests never touch it). A deleted
+        adapter (``forget``) is not found: a request resolved before the deletion."""
+        if ref.key in self._forgotten:
+            raise model_not_found(ref.model_id)
         if self._reuse(ref):
             return
         async with self._lock:
@@ -126,7 +143,8 @@ class AdapterSlots:
             logger.info("adapter %s loaded (%s)", ref.model_id, ref.key)
 
     def _reuse(self, ref: AdapterRef) -> bool:
-        if ref.model_id in self._draining:  # asked for again before it was unloaded
+        draining = self._draining.get(ref.model_id)
+        if draining is not None and draining.key == ref.key:  # asked again before unloaded
             self._loaded[ref.model_id] = self._draining.pop(ref.model_id)
         if ref.model_id not in self._loaded:
             return False
@@ -144,13 +162,22 @@ class AdapterSlots:
         await self.engine.unload_adapter(model_id)
         logger.info("adapter %s unloaded", model_id)
 
-    async def forget(self, key: str) -> bool:
-        """The adapter was deleted: unload it and drop its cached files."""
+    async def forget(self, key: str, held: bool = False) -> ForgetReply:
+        """The adapter was deleted: unload it, drop its cached files and never load it
+        again. ``held``: the caller dropped it from Serve's LRU (``drop_multiplexed``)."""
+        known = key in self._forgotten
+        self._forgotten[key] = None
+        self._forgotten.move_to_end(key)
+        while len(self._forgotten) > MAX_FORGOTTEN:
+            self._forgotten.popitem(last=False)
         model_ids = [m for m, ref in self._loaded.items() if ref.key == key]
-        for model_id in model_ids:
+        for model_id in model_ids:  # one still generating is unloaded when it ends
             await self.evict(model_id)
+        draining = any(ref.key == key for ref in self._draining.values())
         await asyncio.to_thread(self.files.remove, key)
-        return bool(model_ids)
+        if known:
+            return "forgotten"
+        return "unloaded" if held or model_ids or draining else "absent"
 
     @contextlib.asynccontextmanager
     async def using(self, ref: AdapterRef) -> AsyncIterator[None]:
@@ -183,6 +210,11 @@ class MultiplexedAdapter:
         self._loop = loop
         self._done = False
 
+    def disarm(self) -> None:
+        """Taken out of Serve's LRU by ``drop_multiplexed``: the slots unload it; a later
+        ``__del__`` must not evict a newer adapter under the same model id."""
+        self._done = True
+
     def __del__(self) -> None:
         if self._done or self._loop.is_closed():
             return
@@ -193,3 +225,31 @@ class MultiplexedAdapter:
         except RuntimeError:  # Serve's executor thread: wait, so the LRU stays exact
             with contextlib.suppress(Exception):
                 future.result(timeout=60)
+
+
+async def drop_multiplexed(load: Callable[..., Any], key: str) -> bool:
+    """Take ``key`` out of the LRU of Serve's multiplexing wrapper of ``load`` (the
+    function given to ``serve.multiplexed``) and have the replica push its model ids at
+    once, so routers stop sending ``key``'s requests here; whether it was held.
+
+    Serve has no public call to drop one model: this reads the wrapper's ``models``
+    (an ``OrderedDict``), ``_model_cache_lock`` and ``_push_multiplexed_replica_info``
+    (Ray 2.60; tests/unit/adapters pins them). Where those are missing the replica keeps
+    reporting ``key`` until its LRU evicts it, and says so in its log.
+    """
+    wrapper = getattr(load, MULTIPLEX_WRAPPER_ATTR, None)
+    if wrapper is None:
+        return False  # nothing was ever loaded through it on this replica
+    models = getattr(wrapper, "models", None)
+    lock = getattr(wrapper, "_model_cache_lock", None)
+    if not isinstance(models, OrderedDict) or not isinstance(lock, asyncio.Lock):
+        logger.warning("Serve's multiplexing wrapper changed: adapter %s stays listed", key)
+        return False
+    async with lock:  # a load of ``key`` under way finishes first, then is dropped
+        model = models.pop(key, None)
+    if model is None:
+        return False
+    wrapper._push_multiplexed_replica_info = True
+    if isinstance(model, MultiplexedAdapter):
+        model.disarm()
+    return True

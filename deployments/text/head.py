@@ -26,10 +26,15 @@ from deployments.stream_batching import (
     StreamLoad,
     coalesce,
 )
-from deployments.text.adapters import AdapterFiles, AdapterSlots, MultiplexedAdapter
+from deployments.text.adapters import (
+    AdapterFiles,
+    AdapterSlots,
+    MultiplexedAdapter,
+    drop_multiplexed,
+)
 from deployments.text.base import EngineInfo, PreparedPrompt, TextEngine
 from deployments.text.invented_calls import declared_names, invented_call
-from serve_app.contract.adapters import AdapterObjects, AdapterRef
+from serve_app.contract.adapters import AdapterObjects, AdapterRef, ForgetReply
 from serve_app.contract.errors import (
     GatewayError,
     HeadFailure,
@@ -110,11 +115,12 @@ class ChatHeadCore:
             async for event in self._generate(request):
                 yield event
 
-    async def forget_adapter(self, key: str) -> bool:
-        """A deleted adapter: unload it and drop its cached files (False: not held)."""
+    async def forget_adapter(self, key: str, held: bool = False) -> ForgetReply:
+        """A deleted adapter: unload it and drop its cached files (``ForgetReply``);
+        ``held``: a Serve replica dropped it from the multiplexing LRU already."""
         if self.adapters is None:
-            return False
-        return await self.adapters.forget(key)
+            return "absent"
+        return await self.adapters.forget(key, held)
 
     async def _generate(self, request: HeadRequest) -> AsyncIterator[HeadEvent]:
         try:
@@ -434,12 +440,15 @@ class ChatHead:
             refs[ref.key] = ref
             await multiplexed(ref.key)
 
-        self._load_adapter = multiplexed
+        self._multiplex_owner = load_adapter  # where Serve keeps the LRU (its wrapper)
         self.core.ensure_adapter = ensure
 
-    async def forget_adapter(self, key: str) -> bool:
-        """The gateway deleted adapter ``key``: unload it here and drop its files."""
-        return await self.core.forget_adapter(key)
+    async def forget_adapter(self, key: str) -> ForgetReply:
+        """The gateway deleted adapter ``key``: out of Serve's LRU (the router stops
+        sending its requests here), unloaded, its files dropped (``ForgetReply``)."""
+        owner = getattr(self, "_multiplex_owner", None)
+        held = owner is not None and await drop_multiplexed(owner, key)
+        return await self.core.forget_adapter(key, held)
 
     async def loaded_adapters(self) -> list[str]:
         """The adapters this replica holds, least recently used first (operators, tests)."""

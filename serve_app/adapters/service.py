@@ -130,8 +130,23 @@ class AdapterService:
         operator = self.catalog.operator_adapter(model_id)
         if operator is not None:
             return operator
+        return await asyncio.to_thread(self._own_adapter, base, model_id, principal)
+
+    def resolve_blocking(self, model_id: str, principal: Principal) -> AdapterModel | None:
+        """``resolve`` for callers off the event loop (a batch file's validation, in a
+        thread): the same answers, the store read in the calling thread."""
+        base = self.catalog.adapter_base(model_id)
+        if base is None:
+            return None
+        operator = self.catalog.operator_adapter(model_id)
+        if operator is not None:
+            return operator
+        return self._own_adapter(base, model_id, principal)
+
+    def _own_adapter(self, base: CatalogModel, model_id: str, principal: Principal) -> AdapterModel:
+        """The caller's organization's adapter ``<base>:<name>`` (blocking: SQL)."""
         name = model_id.rpartition(":")[2]
-        record = await asyncio.to_thread(self.store.get, principal.org_id, name)
+        record = self.store.get(principal.org_id, name)
         if record is None or record.base_model != base.id:
             raise model_not_found(model_id)  # another org's adapter reads the same
         own = None

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ValidationError
 
 from serve_app.auth.principal import Principal
+from serve_app.catalog.catalog import Catalog
 from serve_app.catalog.config import CatalogModel, HeadKind
 from serve_app.inference.answers import Answer
 from serve_app.inference.chat.service import TextService
@@ -84,6 +85,24 @@ ENDPOINTS: dict[str, BatchEndpoint] = {
         EmbeddingRequest, "pooling", lambda s, body, who: s.embeddings.embeddings(body, who)
     ),
 }
+
+
+ModelResolver = Callable[[str], CatalogModel]
+"""A line's ``model`` to the model it runs on, or the ``GatewayError`` its route answers."""
+
+
+def line_models(
+    services: BatchServices, catalog: Catalog, endpoint: str, principal: Principal
+) -> ModelResolver:
+    """How validation resolves a line's model: as the endpoint's own route does for
+    ``principal``, off the event loop. The chat routes' resolution includes the
+    organization's and the catalog's LoRA adapters (``TextService.resolve_blocking``,
+    the synchronous twin of what the line runs through); the others the catalog's."""
+    kind = ENDPOINTS[endpoint].model_kind
+    if kind == "chat":
+        text = services.text
+        return lambda model_id: text.resolve_blocking(model_id, principal)
+    return lambda model_id: catalog.resolve(model_id, principal, kind)
 
 
 def estimate_tokens(body: dict[str, Any], model: CatalogModel) -> int:

@@ -5,10 +5,13 @@ each offending line): a line that is not a JSON object (``invalid_json_line``), 
 missing or malformed ``custom_id``/``method``/``body`` (``invalid_request``), a
 ``url`` other than the batch's endpoint (``invalid_url``), a ``custom_id`` seen
 before (``duplicate_custom_id``), a model the owner may not use on that endpoint
-(``model_not_found``), more lines than allowed (``maximum_requests_exceeded``), no
-line at all (``empty_file``). What the line's body says beyond its model is checked
-when the line runs, by the endpoint's own rules, and a violation is that line's
-error in the error file (docs/api.md, "Batches").
+(``model_not_found``; on the chat endpoints a ``<base>:<adapter>`` id resolves as on
+the route, to the owner's organization's or the catalog's LoRA adapter, another
+organization's reading as unknown: docs/reference/adapters.md#batches), more lines
+than allowed (``maximum_requests_exceeded``), no line at all (``empty_file``). What
+the line's body says beyond its model is checked when the line runs, by the
+endpoint's own rules, and a violation is that line's error in the error file
+(docs/api.md, "Batches").
 """
 
 from __future__ import annotations
@@ -17,9 +20,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from serve_app.auth.principal import Principal
-from serve_app.batches.endpoints import ENDPOINTS, estimate_tokens
-from serve_app.catalog.catalog import Catalog
+from serve_app.batches.endpoints import ModelResolver, estimate_tokens
 from serve_app.catalog.config import CatalogModel
 from serve_app.protocol.batches import BatchError
 from serve_app.protocol.errors import GatewayError
@@ -43,25 +44,26 @@ class Validated:
 
 
 class _Models:
-    """Catalog resolution per model id, once per file."""
+    """The endpoint's model resolution (``endpoints.line_models``), once per model id
+    and file."""
 
-    def __init__(self, catalog: Catalog, principal: Principal, kind: Any) -> None:
-        self.catalog, self.principal, self.kind = catalog, principal, kind
+    def __init__(self, resolve: ModelResolver) -> None:
+        self._resolve = resolve
         self.seen: dict[str, CatalogModel | GatewayError] = {}
 
     def resolve(self, model_id: str) -> CatalogModel | GatewayError:
         if model_id not in self.seen:
             try:
-                self.seen[model_id] = self.catalog.resolve(model_id, self.principal, self.kind)
+                self.seen[model_id] = self._resolve(model_id)
             except GatewayError as err:
                 self.seen[model_id] = err
         return self.seen[model_id]
 
 
-def validate_input(
-    data: bytes, endpoint: str, catalog: Catalog, principal: Principal, max_lines: int
-) -> Validated:
-    """Check every line of ``data`` for a batch on ``endpoint``."""
+def validate_input(data: bytes, endpoint: str, models: ModelResolver, max_lines: int) -> Validated:
+    """Check every line of ``data`` for a batch on ``endpoint``; ``models`` resolves a
+    line's model as the endpoint's route would for the batch's owner (blocking: an
+    organization's adapter is read from SQL, so this runs in a thread)."""
     result = Validated()
     raw_lines = [(n, raw) for n, raw in enumerate(data.split(b"\n"), 1) if raw.strip()]
     if not raw_lines:
@@ -74,10 +76,10 @@ def validate_input(
             None,
         )
         return result
-    models = _Models(catalog, principal, ENDPOINTS[endpoint].model_kind)
+    resolver = _Models(models)
     seen: set[str] = set()
     for number, raw in raw_lines:
-        _check_line(result, models, seen, endpoint, number, raw)
+        _check_line(result, resolver, seen, endpoint, number, raw)
     return result
 
 
@@ -108,6 +110,8 @@ def _check_line(
         return
     seen.add(custom_id)
     model: CatalogModel | None = None
+    if len(result.errors) >= MAX_LISTED_ERRORS:
+        return  # failed, and nothing more is listed: no more model lookups (SQL for adapters)
     if isinstance(body.get("model"), str):
         resolved = models.resolve(body["model"])
         if isinstance(resolved, GatewayError):

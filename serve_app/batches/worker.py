@@ -35,7 +35,7 @@ from typing import Any
 
 from serve_app.auth.principal import Principal
 from serve_app.background import PeriodicLoop
-from serve_app.batches.endpoints import ENDPOINTS, BatchServices
+from serve_app.batches.endpoints import ENDPOINTS, BatchServices, line_models
 from serve_app.batches.records import (
     CANCELLED,
     COMPLETED,
@@ -314,8 +314,9 @@ class BatchWorker:
             message = f"The input file '{batch.input_file_id}' was deleted before validation."
             await self._fail(batch, [BatchError(code="file_not_found", message=message)], 0)
             return
+        models = line_models(self.services, self.catalog, batch.endpoint, principal)
         checked = await asyncio.to_thread(
-            validate_input, data, batch.endpoint, self.catalog, principal, self.options.max_lines
+            validate_input, data, batch.endpoint, models, self.options.max_lines
         )
         if checked.errors:
             await self._fail(batch, checked.errors, len(checked.lines))

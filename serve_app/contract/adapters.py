@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -95,6 +95,14 @@ class AdapterRef:
     """(file name, object key) pairs in the gateway's object store (uploaded adapters)."""
     path: str | None = None
     """A folder on the head's host, or ``prepared:<name>`` (operator adapters)."""
+
+
+ForgetReply = Literal["unloaded", "forgotten", "absent"]
+"""A head replica's answer to ``forget_adapter(key)`` (a deleted adapter): it held the
+adapter and dropped it (``unloaded``); it had dropped it on an earlier call
+(``forgotten``: the router's view of which replica holds what was stale, or it picked
+this replica as any); it never held it (``absent``). The gateway repeats the call while
+replicas answer ``unloaded`` (docs/reference/adapters.md#deleting)."""
 
 
 class AdapterObjects(Protocol):

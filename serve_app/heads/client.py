@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from serve_app.catalog.config import CatalogModel
+from serve_app.contract.adapters import ForgetReply
 from serve_app.contract.audio import (
     SpeechHeadReply,
     SpeechHeadRequest,
@@ -123,6 +124,16 @@ def map_ray_error(model_id: str, err: Exception) -> GatewayError:
     return UpstreamError(f"Model '{model_id}' failed.")
 
 
+FORGET_MAX_CALLS = 32
+"""Bound of the ``forget_adapter`` calls one deletion makes (replicas holding it, plus
+the answers that end the loop)."""
+FORGET_SETTLE_S = 0.3
+"""Wait after a replica dropped an adapter: it pushes its model ids within 0.1 s, Serve's
+controller passes them on to the routers in its next loop."""
+FORGET_QUIET_CALLS = 3
+"""Consecutive ``forgotten`` answers (each after a longer wait) that end the loop."""
+
+
 class RayHeadClient:
     """Any head deployment (or a dedicated endpoint's) through its DeploymentHandle.
 
@@ -138,6 +149,8 @@ class RayHeadClient:
         self.model_id = model_id
         self._handle = handle
         self._streaming: Any = None
+        self.forget_max_calls = FORGET_MAX_CALLS
+        self.forget_settle_s = FORGET_SETTLE_S
 
     async def stream(self, request: HeadRequest) -> AsyncIterator[HeadEvent]:
         """A chat head's ``generate``: its events, unpacked from the batches heads send."""
@@ -179,13 +192,46 @@ class RayHeadClient:
             raise map_ray_error(self.model_id, err) from None
 
     async def forget_adapter(self, key: str) -> bool:
-        """A deleted adapter: the replica that holds it (the router prefers it) unloads it."""
+        """A deleted adapter, unloaded on every replica that holds it; whether any did.
+
+        Each call goes where Serve's router believes the adapter is loaded
+        (``multiplexed_model_id``); the replica drops it from its multiplexing LRU, so
+        once the router hears of it the next call reaches the next holder. The loop
+        ends at the first ``absent`` (the router knew no holder and picked a replica
+        that never had it), after ``FORGET_QUIET_CALLS`` ``forgotten`` answers in a row
+        (its view still stale, or its fallback picking a replica that dropped it), or
+        after ``forget_max_calls`` (docs/reference/adapters.md#deleting).
+        """
+        held, quiet = False, 0
+        for _ in range(self.forget_max_calls):
+            reply = await self._forget_once(key)
+            if reply == "absent":
+                return held
+            if reply == "unloaded":
+                held, quiet = True, 0
+            else:
+                quiet += 1
+                if quiet >= FORGET_QUIET_CALLS:
+                    return held
+            await asyncio.sleep(self.forget_settle_s * 2 ** max(0, quiet - 1))
+        logger.warning(
+            "head %s: adapter %s may still be held after %d forget calls",
+            self.model_id,
+            key,
+            self.forget_max_calls,
+        )
+        return held
+
+    async def _forget_once(self, key: str) -> ForgetReply:
         response = self._handle.options(multiplexed_model_id=key).forget_adapter.remote(key)
         try:
-            return bool(await response)
+            reply = await response
         except BaseException as err:
             self._give_up(response, err)
             raise
+        if isinstance(reply, bool):  # a head from before replies were named
+            return "unloaded" if reply else "absent"
+        return reply
 
     async def synthesize(self, request: SpeechHeadRequest) -> SpeechHeadReply:
         reply: SpeechHeadReply = await self.call("synthesize", request)
@@ -259,7 +305,7 @@ class ChatCore(Protocol):
 
     def generate(self, request: HeadRequest) -> AsyncIterator[HeadEvent]: ...
 
-    async def forget_adapter(self, key: str) -> bool: ...
+    async def forget_adapter(self, key: str) -> ForgetReply: ...
 
 
 class SpeechCore(Protocol):
@@ -312,7 +358,7 @@ class LocalHeadClient:
         return self.core.generate(request)
 
     async def forget_adapter(self, key: str) -> bool:
-        return await self.core.forget_adapter(key)
+        return await self.core.forget_adapter(key) == "unloaded"
 
 
 class LocalSpeechClient:

@@ -55,6 +55,8 @@ class AdapterResolver(Protocol):
 
     async def resolve(self, model_id: str, principal: Principal) -> CatalogModel | None: ...
 
+    def resolve_blocking(self, model_id: str, principal: Principal) -> CatalogModel | None: ...
+
 
 @dataclass(frozen=True)
 class TimeoutPolicy:
@@ -93,10 +95,25 @@ class TextService:
     async def resolve(self, model_id: str, principal: Principal) -> CatalogModel:
         """The chat model (or LoRA adapter) ``model_id`` names for this caller, or the
         API's error (docs/reference/adapters.md#addressing)."""
+        adapter = None
         if self.adapters is not None:
             adapter = await self.adapters.resolve(model_id, principal)
-            if adapter is not None:
-                return adapter
+        return self._or_catalog(adapter, model_id, principal)
+
+    def resolve_blocking(self, model_id: str, principal: Principal) -> CatalogModel:
+        """``resolve`` off the event loop (blocking: an organization's adapter is read
+        from SQL in the calling thread); batch validation checks each line's model so."""
+        adapter = None
+        if self.adapters is not None:
+            adapter = self.adapters.resolve_blocking(model_id, principal)
+        return self._or_catalog(adapter, model_id, principal)
+
+    def _or_catalog(
+        self, adapter: CatalogModel | None, model_id: str, principal: Principal
+    ) -> CatalogModel:
+        """The adapter, else the catalog's model (its 404/403/400 where it has none)."""
+        if adapter is not None:
+            return adapter
         return self.catalog.resolve(model_id, principal, "chat")
 
     async def chat(self, body: ChatCompletionRequest, principal: Principal) -> Answer:

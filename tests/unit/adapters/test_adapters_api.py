@@ -12,45 +12,26 @@ import sqlalchemy as sa
 
 from serve_app.storage.db import Database
 from serve_app.storage.schema import usage_records
-from tests.fixtures.adapters import adapter_files, zipped
+from tests.fixtures.adapters import (
+    LORA_BASE,
+    PLAIN_CHAT,
+    adapter_files,
+    lora_catalog,
+    operator_adapter_dir,
+    zipped,
+)
 from tests.fixtures.gateway import GatewayHarness, HarnessFactory
 
-BASE = "lora-base"
-PLAIN = "plain-chat"
-
-
-def _catalog(operator_dir: Path) -> list[dict[str, Any]]:
-    chat = {"head": "chat", "context_length": 64, "max_output_tokens": 16}
-    lora = {"max_lora_rank": 8, "max_loras": 2, "max_adapter_bytes": 64 * 1024}
-    return [
-        {
-            "id": BASE,
-            **chat,
-            "pricing": {"mode": "fixed", "input_per_mtok": 1.0, "output_per_mtok": 2.0},
-            "engine": {"backend": "scripted", "config": {"lora": lora}},
-            "adapters": [
-                {"name": "ops", "path": str(operator_dir), "description": "the operator's"},
-                {
-                    "name": "priced",
-                    "path": str(operator_dir),
-                    "pricing": {"input_per_mtok": 10.0, "output_per_mtok": 20.0},
-                },
-            ],
-        },
-        {"id": PLAIN, **chat},
-    ]
+BASE = LORA_BASE
+PLAIN = PLAIN_CHAT
 
 
 @pytest.fixture
 async def lora_gateway(
     make_gateway: HarnessFactory, tmp_path: Path, request: pytest.FixtureRequest
 ) -> GatewayHarness:
-    operator_dir = tmp_path / "operator-adapter"
-    operator_dir.mkdir()
-    for name, data in adapter_files().items():
-        (operator_dir / name).write_bytes(data)
     limits = getattr(request, "param", None)
-    args: dict[str, Any] = {"catalog": _catalog(operator_dir)}
+    args: dict[str, Any] = {"catalog": lora_catalog(operator_adapter_dir(tmp_path))}
     if limits:
         args["limits"] = limits
     harness = await make_gateway(args=args)

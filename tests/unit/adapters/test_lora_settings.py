@@ -87,4 +87,4 @@ async def test_an_adapter_in_use_is_unloaded_when_its_last_request_ends(tmp_path
         await slots.load(a)  # b in use: drained later; a asked again while draining
         await slots.load(b)  # back before it was unloaded: not loaded twice
     assert engine.log.count(("load", "m:b")) == 1
-    assert await slots.forget("b") and ("unload", "m:b") in engine.log
+    assert await slots.forget("b") == "unloaded" and ("unload", "m:b") in engine.log
