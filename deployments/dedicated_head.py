@@ -9,18 +9,20 @@ three additions the dedicated monitoring records need from the replica itself:
   health (the gateway only calls it on replicas that are already running);
 - ``record_autoscaling_stats`` reports the engine's waiting queue for the
   ``engine_target_waiting`` knob (see ``serve_app.dedicated.control.autoscaling``).
+
+The last two come from ``deployments.replica_counters``, shared with ``PoolingHead``.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from ray import serve
 
 from deployments.direct_http import refuse_direct_http
+from deployments.replica_counters import ReplicaCounters
 from deployments.replica_logging import configure_replica_logging
 from deployments.stream_batching import coalesce
 from deployments.text.head import ChatHeadCore
@@ -28,13 +30,6 @@ from serve_app.contract.dedicated import ReplicaStats, ServedBy
 from serve_app.contract.text import GenerationDone, HeadEvent, HeadRequest
 
 logger = logging.getLogger(__name__)
-
-
-def queue_split(in_flight: int, max_num_seqs: int | None) -> tuple[int, int | None]:
-    """(running, waiting): the engine runs at most ``max_num_seqs`` at once, the rest wait."""
-    if max_num_seqs is None:
-        return in_flight, None
-    return min(in_flight, max_num_seqs), max(0, in_flight - max_num_seqs)
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 1})
@@ -53,45 +48,26 @@ class DedicatedHead:
         from deployments.text.factory import build_text_engine
 
         self.model_id = model_id
-        self.replica_id = serve.get_replica_context().replica_id.unique_id
-        self.started = time.monotonic()
-        seqs = engine_config.get("max_num_seqs")
-        self.max_num_seqs = int(seqs) if isinstance(seqs, int) else None
-        self.tokens = 0
-        self.calls = 0
-        self.in_flight = 0
+        self.counters = ReplicaCounters.in_replica(engine_config)
         self.core = ChatHeadCore(build_text_engine(backend, engine_config))
         info = await self.core.start()
         logger.info("dedicated head %s ready (max_model_len=%d)", model_id, info.max_model_len)
 
     async def generate(self, request: HeadRequest) -> AsyncIterator[list[HeadEvent | ServedBy]]:
         """``ServedBy`` first, then the core's events in batches (as ``ChatHead``)."""
-        yield [ServedBy(self.replica_id)]
-        self.calls += 1
-        self.in_flight += 1
-        try:
+        yield [ServedBy(self.counters.replica_id)]
+        with self.counters.call():
             async for batch in coalesce(self.core.generate(request)):
                 for event in batch:
                     if isinstance(event, GenerationDone):
-                        self.tokens += event.completion_tokens
+                        self.counters.tokens += event.completion_tokens
                 yield batch
-        finally:
-            self.in_flight -= 1
 
     async def stats(self) -> ReplicaStats:
-        running, waiting = queue_split(self.in_flight, self.max_num_seqs)
-        return ReplicaStats(
-            replica_id=self.replica_id,
-            age_s=time.monotonic() - self.started,
-            tokens=self.tokens,
-            calls=self.calls,
-            running=running,
-            waiting=waiting,
-        )
+        return self.counters.stats()
 
     def record_autoscaling_stats(self) -> dict[str, float]:
-        _, waiting = queue_split(self.in_flight, self.max_num_seqs)
-        return {"engine_waiting": float(waiting or 0)}
+        return self.counters.autoscaling_metrics()
 
     async def __call__(self, request: Any) -> Any:
         """HTTP sent to this replica itself: a 404 envelope, never a model call

@@ -14,14 +14,19 @@ from ray import serve
 
 from deployments.direct_http import refuse_direct_http
 from deployments.embedding.base import PoolingEngine
+from deployments.embedding.config import VLLMPoolingConfig
 from deployments.engine_head import EngineHead, answer_as_value
+from deployments.replica_counters import ReplicaCounters
 from deployments.replica_logging import configure_replica_logging
+from serve_app.contract.dedicated import ReplicaStats
 from serve_app.contract.embedding import (
     EmbedHeadReply,
     EmbedHeadRequest,
+    EmbedHeadResult,
     PoolingHeadInfo,
     ScoreHeadReply,
     ScoreHeadRequest,
+    ScoreHeadResult,
 )
 from serve_app.contract.errors import HeadFailure, InvalidRequestError, ModelUnavailableError
 
@@ -90,14 +95,34 @@ class PoolingHead(EngineHead):
         from deployments.embedding.factory import build_pooling_engine
 
         self.core = PoolingHeadCore(build_pooling_engine(backend, engine_config, model_id))
+        default_seqs = VLLMPoolingConfig.model_fields["max_num_seqs"].default
+        self.counters = ReplicaCounters.in_replica(
+            engine_config, default_seqs if backend == "vllm" else None
+        )
         info = await self.core.start()
         logger.info("pooling head %s ready (%s)", model_id, info)
 
     async def embed(self, request: EmbedHeadRequest) -> EmbedHeadReply:
-        return await self.core.embed(request)
+        with self.counters.call(request.count):
+            reply = await self.core.embed(request)
+        if isinstance(reply, EmbedHeadResult):
+            self.counters.tokens += reply.prompt_tokens
+        return reply
 
     async def score(self, request: ScoreHeadRequest) -> ScoreHeadReply:
-        return await self.core.score(request)
+        with self.counters.call(len(request.documents)):
+            reply = await self.core.score(request)
+        if isinstance(reply, ScoreHeadResult):
+            self.counters.tokens += reply.prompt_tokens
+        return reply
+
+    async def stats(self) -> ReplicaStats:
+        """Input tokens, calls and inputs in flight: a dedicated endpoint's replica health."""
+        return self.counters.stats()
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Inputs beyond ``max_num_seqs`` waiting: the ``engine_target_waiting`` knob."""
+        return self.counters.autoscaling_metrics()
 
     async def __call__(self, request: Any) -> Any:
         """HTTP sent to a dedicated endpoint's replica itself: a 404 envelope."""

@@ -61,6 +61,9 @@ def test_embedding_endpoint_life_on_real_serve(
     assert billed["month_minutes"]["spot"] > 0 and billed["month_cost"] > 0
     telemetry = embed_admin.get(f"/api/dedicated/{eid}/telemetry?window=1h").json()
     assert telemetry["requests"]["ok"] >= 3 and telemetry["tokens"]["prompt"] > 0
+    health = embed_admin.get(f"/api/dedicated/{eid}/health").json()
+    assert health["sampled"] is True and health["replicas_sampled"] == 1, health
+    assert health["replicas"][0]["tokens"] > 0  # input tokens the replica encoded
     assert embed_admin.delete(f"/api/dedicated/{eid}").json()["status"] == "deleted"
     with pytest.raises(openai.NotFoundError) as gone:
         serve_stack.openai(key).embeddings.create(model=ALIAS, input="gone")

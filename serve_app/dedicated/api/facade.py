@@ -165,11 +165,7 @@ class Dedicated:
 
     async def health(self, endpoint_id: str, principal: Principal) -> DedicatedReplicaHealth:
         row = await self._read(lambda: self.service.require(endpoint_id, principal))
-        offering = self.service.offerings.get(row.model_id)
-        pooling = offering is not None and offering.model.head == "pooling"
-        return await replica_health(
-            row, self.backend, self.options, self.clock(), counts_tokens=not pooling
-        )
+        return await replica_health(row, self.backend, self.options, self.clock())
 
 
 def build_dedicated(

@@ -154,18 +154,14 @@ async def replica_health(
     backend: ServeBackend,
     options: DedicatedOptions,
     now: datetime,
-    *,
-    counts_tokens: bool = True,
 ) -> DedicatedReplicaHealth:
-    """``counts_tokens`` False: the head keeps no token counters (a pooling endpoint's),
-    so ready replicas are reported ``no_metrics`` without asking them."""
+    """The heads' own counters (``deployments.replica_counters``): a chat replica's
+    tokens are the ones it generated, a pooling replica's the inputs it encoded."""
     expected = options.model_options(row.model_id).expected_tok_s
     live = live_counts(row)
     by_deployment: dict[str, int] = dict((row.live or {}).get("ready_by_deployment") or {})
     if row.lifecycle != "active" or live is None or live[0] == 0:
         return _unsampled(now, "no_ready_replica", expected)
-    if not counts_tokens:
-        return _unsampled(now, "no_metrics", expected)
     stats = []
     for deployment in (HEAD, BURST):
         ready = int(by_deployment.get(deployment, 0))

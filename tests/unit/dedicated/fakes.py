@@ -197,17 +197,23 @@ class FakePoolingClient(FakeHeadClient):
     pooling engine, started with the app's engine config (384-dimension vectors)."""
 
     async def embed(self, request: EmbedHeadRequest) -> EmbedHeadReply:
-        return await (await self._core()).embed(request)
+        replica, core = await self._core()
+        reply = await core.embed(request)
+        replica.tokens += getattr(reply, "prompt_tokens", 0)  # as ``PoolingHead`` counts
+        return reply
 
     async def score(self, request: ScoreHeadRequest) -> ScoreHeadReply:
-        return await (await self._core()).score(request)
+        replica, core = await self._core()
+        reply = await core.score(request)
+        replica.tokens += getattr(reply, "prompt_tokens", 0)
+        return reply
 
-    async def _core(self) -> PoolingHeadCore:
-        await self.replica()
+    async def _core(self) -> tuple[FakeReplica, PoolingHeadCore]:
+        replica = await self.replica()
         core = self.backend.pooling_cores.get(self.app_name)
         if core is None:
             config = {"dimensions": 384, **self.backend.apps[self.app_name].spec.engine_config}
             engine = ScriptedPoolingEngine(config)
             core = self.backend.pooling_cores[self.app_name] = PoolingHeadCore(engine)
             await core.start()
-        return core
+        return replica, core
