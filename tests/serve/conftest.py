@@ -133,14 +133,17 @@ class ServeStack:
 
     def openai(self, key: str | None = None) -> openai.OpenAI:
         return openai.OpenAI(
-            api_key=key or self.key, base_url=f"{self.base_url}/v1", max_retries=0, timeout=120
+            api_key=key or self.key,
+            base_url=f"{self.base_url}/v1",
+            max_retries=0,
+            timeout=CALL_TIMEOUT_S,
         )
 
     def http(self, key: str | None = None) -> httpx.Client:
         return httpx.Client(
             base_url=self.base_url,
             headers={"Authorization": f"Bearer {key or self.key}"},
-            timeout=120,
+            timeout=CALL_TIMEOUT_S,
         )
 
 
@@ -195,6 +198,10 @@ LOOPBACK = "loopback/smollm2-135m-instruct"
 
 
 QWEN = "qwen2.5-coder-1.5b-instruct"
+CALL_TIMEOUT_S = 240
+"""A client's wait for one call. The tool model decodes ~2-4 tokens/s on two cores and a
+tool loop runs it two or three times in one call: 108-204 s were seen with another job
+on the same cores (120 s cut four such calls off)."""
 VISION = "smolvlm-tiny-demo"
 REASONING = "qwen3-tiny-reasoning-demo"
 

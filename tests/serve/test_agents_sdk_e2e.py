@@ -24,7 +24,7 @@ from agents import (
     set_tracing_disabled,
 )
 
-from tests.serve.conftest import QWEN, ServeStack
+from tests.serve.conftest import CALL_TIMEOUT_S, QWEN, ServeStack
 
 pytestmark = [pytest.mark.serve]
 
@@ -36,7 +36,7 @@ def _no_tracing() -> None:
 
 def _model(stack: ServeStack, kind: str) -> Model:
     client = openai.AsyncOpenAI(
-        api_key=stack.key, base_url=f"{stack.base_url}/v1", max_retries=0, timeout=170
+        api_key=stack.key, base_url=f"{stack.base_url}/v1", max_retries=0, timeout=CALL_TIMEOUT_S
     )
     if kind == "responses":
         return OpenAIResponsesModel(model=QWEN, openai_client=client)
