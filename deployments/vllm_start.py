@@ -17,13 +17,16 @@ the engine, but start it the same way, and each step matters for a replica:
   tracebacks would pin the starting frame and with it the engine);
 - the client's output reader is started at once, so an engine crash is noticed
   before the first request;
-- on a CPU build, the engine's worker threads are not pinned (``CPU_THREADS_BIND``):
+- on a CPU build, the engine's worker threads are not pinned (``cpu_thread_env``):
   vLLM's ``auto`` binding reserves the host's last core and pins every engine's
   worker to the same remaining cores, so on a box that runs several heads their
   workers all queue on one core while another idles (a 2-core machine: every
-  worker on core 0). Unpinned, the kernel spreads them. An operator who runs one
-  engine per node can set ``VLLM_CPU_OMP_THREADS_BIND`` (``auto`` or a core list)
-  in the head's ``runtime_env``; it is kept.
+  worker on core 0). Unpinned, the kernel spreads them. The worker keeps the
+  thread count ``auto`` gives it (the allowed cores less one): unpinned OpenMP
+  threads beyond that spin against the engine's own scheduler and the other
+  heads. An operator who runs one engine per node can set
+  ``VLLM_CPU_OMP_THREADS_BIND`` (``auto`` or a core list) in the head's
+  ``runtime_env``; then nothing here changes.
 
 vLLM is imported lazily: importing this module needs no vLLM.
 """
@@ -33,13 +36,22 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from deployments.replica_logging import vllm_logging_config
 from serve_app.contract.errors import GatewayError, ModelUnavailableError
 
-CPU_THREADS_BIND = ("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-"""vLLM's CPU thread binding and the value heads use unless the operator set one."""
+CPU_THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def cpu_thread_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a CPU engine started under ``environ`` gets set: unpinned, with ``auto``'s
+    thread count; nothing where the operator chose a binding."""
+    if CPU_THREADS_BIND in environ:
+        return {}
+    threads = max(1, len(os.sched_getaffinity(0)) - 1)
+    return {CPU_THREADS_BIND: "nobind", "OMP_NUM_THREADS": str(threads)}
 
 
 def _device_type() -> str:
@@ -60,8 +72,8 @@ async def vllm_device_type(requested: str) -> str:
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
     device_type = await asyncio.to_thread(_device_type)
-    if device_type == "cpu":  # read when the engine starts its worker: set before that
-        os.environ.setdefault(*CPU_THREADS_BIND)
+    if device_type == "cpu":  # read when the engine spawns its processes: set before that
+        os.environ.update(cpu_thread_env(os.environ))
     if requested not in ("auto", device_type):
         raise RuntimeError(
             f"Config asks for device '{requested}' but the installed vLLM targets '{device_type}'."

@@ -80,17 +80,25 @@ async def test_a_device_other_than_the_builds_is_refused(
 async def test_cpu_engines_leave_their_workers_unpinned_unless_told(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    name, unpinned = vllm_start.CPU_THREADS_BIND
+    name = vllm_start.CPU_THREADS_BIND
     monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")  # what Ray set for the replica
+    monkeypatch.setattr(vllm_start.os, "sched_getaffinity", lambda _: {0, 1})
     monkeypatch.setattr(vllm_start, "_device_type", lambda: "cuda")
     await vllm_start.vllm_device_type("auto")
     assert name not in os.environ  # a GPU build: nothing to say
     monkeypatch.setattr(vllm_start, "_device_type", lambda: "cpu")
     await vllm_start.vllm_device_type("auto")
-    assert os.environ[name] == unpinned == "nobind"
-    monkeypatch.setenv(name, "0-1")  # the operator's choice is kept
+    # auto's count on two cores: one reserved for the scheduler, one thread
+    assert (os.environ[name], os.environ["OMP_NUM_THREADS"]) == ("nobind", "1")
+    monkeypatch.setenv(name, "0-1")  # the operator's choice is kept, threads and all
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
     await vllm_start.vllm_device_type("auto")
-    assert os.environ[name] == "0-1"
+    assert (os.environ[name], os.environ["OMP_NUM_THREADS"]) == ("0-1", "2")
+    many = vllm_start.cpu_thread_env({})
+    assert many["OMP_NUM_THREADS"] == "1"  # the patched two cores
+    monkeypatch.setattr(vllm_start.os, "sched_getaffinity", lambda _: set(range(16)))
+    assert vllm_start.cpu_thread_env({})["OMP_NUM_THREADS"] == "15"
 
 
 async def test_answer_as_value_keeps_a_callers_status_and_hides_crashes() -> None:
