@@ -98,6 +98,9 @@ class Sampler:
     peak_stack: int = 0
     peak_used: int = 0
     last_groups: dict[str, int] = field(default_factory=dict)
+    peak_groups: dict[str, int] = field(default_factory=dict)
+    """The groups at the stack's peak, and when it was (seconds after ``start``)."""
+    peak_at: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> None:
@@ -115,10 +118,14 @@ class Sampler:
         return dict(groups)
 
     def _run(self) -> None:
+        started = time.monotonic()
         while not self._stop.wait(self.period_s):
             groups = self.snapshot()
             self.last_groups = groups
-            self.peak_stack = max(self.peak_stack, sum(groups.values()))
+            total = sum(groups.values())
+            if total > self.peak_stack:
+                self.peak_stack, self.peak_groups = total, groups
+                self.peak_at = time.monotonic() - started
             self.peak_used = max(self.peak_used, machine_used())
 
 

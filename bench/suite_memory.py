@@ -26,27 +26,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.memory_budget import GiB, Sampler, machine_used, oom_kills, table  # noqa: E402
+from bench.memory_budget import GiB, Sampler, oom_kills, table  # noqa: E402
 
 DEFAULT_COMMAND = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/serve"]
-
-
-class PeakSampler(Sampler):
-    """``Sampler`` that also keeps the groups at the tree's peak and its time."""
-
-    peak_groups: dict[str, int]
-    peak_at: float
-
-    def _run(self) -> None:
-        self.peak_groups, self.peak_at = {}, 0.0
-        started = time.monotonic()
-        while not self._stop.wait(self.period_s):
-            groups = self.snapshot()
-            total = sum(groups.values())
-            if total > self.peak_stack:
-                self.peak_stack, self.peak_groups = total, groups
-                self.peak_at = time.monotonic() - started
-            self.peak_used = max(self.peak_used, machine_used())
 
 
 def main() -> int:
@@ -58,7 +40,7 @@ def main() -> int:
     started_wall = time.time()
     started = time.monotonic()
     child = subprocess.Popen(command, cwd=REPO)
-    sampler = PeakSampler(root_pid=child.pid, period_s=args.period_s)
+    sampler = Sampler(root_pid=child.pid, period_s=args.period_s)
     sampler.start()
     status = child.wait()
     sampler.stop()
