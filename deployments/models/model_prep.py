@@ -50,6 +50,7 @@ import importlib.metadata
 import json
 import logging
 import multiprocessing
+import os
 import shutil
 import tempfile
 import time
@@ -371,8 +372,15 @@ def prepare_smollm2(target_dir: Path | None = None) -> Path:
     return prepare_packaged(SMOLLM2, target_dir)
 
 
-def in_child(function: Callable[..., T], *args: Any) -> T:
-    """``function(*args)`` in a fresh (spawned) process: its imports and memory die with it."""
+def in_child(function: Callable[..., T], *args: Any, nice: int = 0) -> T:
+    """``function(*args)`` in a fresh (spawned) process: its imports and memory die with it.
+
+    ``nice`` lowers the child's CPU priority: work done beside a start (the background
+    preparations of ``gateway run``) at the default priority took the CPU from Ray's
+    workers, which run at nice 15, and so from the first head's start.
+    """
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(
+        1, mp_context=context, initializer=os.nice, initargs=(nice,)
+    ) as pool:
         return pool.submit(function, *args).result()

@@ -55,7 +55,7 @@ def ensure_model(name: str, target_dir: Path | None = None) -> Path:
     return preparer(target_dir)
 
 
-def prepare_in_child(name: str, target_dir: Path | None = None) -> Path:
+def prepare_in_child(name: str, target_dir: Path | None = None, *, nice: int = 0) -> Path:
     """``ensure_model`` in a child process, so the caller never holds the conversion's memory.
 
     Converting the 1.5B tool model peaks at several GiB, and a long-lived caller
@@ -63,7 +63,7 @@ def prepare_in_child(name: str, target_dir: Path | None = None) -> Path:
     allocator does not hand it back. A child returns all of it when it exits. An
     already prepared model costs the child's start (~1 s).
     """
-    return in_child(_ensure_with_progress, name, target_dir)
+    return in_child(_ensure_with_progress, name, target_dir, nice=nice)
 
 
 def _ensure_with_progress(name: str, target_dir: Path | None) -> Path:

@@ -12,6 +12,7 @@ command adds the set-up steps a fresh machine needs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -170,6 +171,12 @@ def first_answer_model(serve_config: dict[str, Any]) -> str | None:
     return None
 
 
+BACKGROUND_NICE = 19
+"""CPU priority of what ``gateway run`` does beside the start (background preparations, the
+preflight check): Ray's workers run at nice 15, so at the default priority that work took
+the two cores from the first chat head's start (docs/deployment.md, "First answer")."""
+
+
 def _prepare_in_background(
     names: list[str], videos: list[tuple[str, str | None]], models_dir: Path
 ) -> threading.Thread:
@@ -191,7 +198,7 @@ def _prepare_in_background(
         for name in names:
             _step(f"preparing model {name} in the background (503 model_warming until ready)")
             try:
-                prepare_in_child(name, models_dir / name)
+                prepare_in_child(name, models_dir / name, nice=BACKGROUND_NICE)
             except Exception as exc:  # the head retries it and reports its own failure
                 _step(f"could not prepare {name}: {exc}")
                 continue
@@ -199,7 +206,12 @@ def _prepare_in_background(
         for ref, video_dir in videos:
             _step(f"preparing video model {ref} in the background")
             try:
-                in_child(resolve_model, ref, Path(video_dir) if video_dir else models_dir)
+                in_child(
+                    resolve_model,
+                    ref,
+                    Path(video_dir) if video_dir else models_dir,
+                    nice=BACKGROUND_NICE,
+                )
             except Exception as exc:  # the video head builds it itself and reports a failure
                 _step(f"could not prepare {ref}: {exc}")
                 continue
@@ -341,8 +353,8 @@ class Preflight:
     The check imports every backend the config names (vLLM, diffusers, ONNX runtimes):
     ~20 s on two idle cores, 80 s under load. Run first, it delayed every start, the
     first answer included, and its imports stayed in this process's memory. Beside the
-    start it costs neither; a config it finds broken still stops ``gateway run`` with
-    its report, before "gateway ready" is announced.
+    start, at the lowest CPU priority, it costs neither; a config it finds broken still
+    stops ``gateway run`` with its report, before "gateway ready" is announced.
     """
 
     def __init__(self, config: str) -> None:
@@ -353,6 +365,8 @@ class Preflight:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
+        with contextlib.suppress(OSError):  # gone already: require_ok reports it
+            os.setpriority(os.PRIO_PROCESS, self._process.pid, BACKGROUND_NICE)
 
     def require_ok(self) -> None:
         """Wait for the check; raise with its report when it found a problem."""
