@@ -267,6 +267,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smoke test: 2 rounds, 1,8")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--keep-logs", action="store_true")
+    parser.add_argument(
+        "--dashboard",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="start the gateway's Ray dashboard (its default; --no-dashboard: a stack without "
+        "the dashboard's processes, as a GPU worker node runs it)",
+    )
     parser.add_argument("--start-timeout-s", type=float, default=600.0)
     args = parser.parse_args(argv)
     if args.quick:
@@ -299,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         flags = ["--runner", "pooling"]
         vllm = start_vllm(model_path, vllm_port, work / "vllm.log", ENGINE, MODEL, flags)
         procs.append(vllm)
-        gateway, key = start_gateway(config, gw_port, work, model_path.parent, [])
+        extra = [] if args.dashboard else ["--no-dashboard"]
+        gateway, key = start_gateway(config, gw_port, work, model_path.parent, extra)
         procs.append(gateway)
         progress(f"vLLM on :{vllm_port}, `gateway run` on :{gw_port}")
         bare_url, gw_url = f"http://127.0.0.1:{vllm_port}", f"http://127.0.0.1:{gw_port}"
@@ -329,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             "rounds": args.rounds,
             "requests_per_round": args.requests_per_round,
             "encoding_format": args.encoding_format,
+            "dashboard": args.dashboard,
             "command": " ".join(sys.argv),
         },
         "host": host_facts(),

@@ -2,14 +2,17 @@
 
 ``http_response`` is the one place an ``Answer`` turns into Starlette's response: the
 status, every header (names, values, order) and the body bytes must be what the
-``JSONResponse`` / ``PlainTextResponse`` / ``Response`` the services built before wrote.
+``JSONResponse`` / ``PlainTextResponse`` / ``Response`` the services built before wrote
+(one exception: a float in exponent form is written 1e-7, not 1e-07; the same number).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import numpy as np
 import pytest
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
@@ -29,8 +32,9 @@ def _same(built: Response, before: Response) -> None:
 @pytest.mark.parametrize(
     "payload",
     [
-        {"object": "list", "data": [{"index": 0, "embedding": [0.5, -1.25e-07]}]},
-        {"text": "naïve café — 日本語 \u2028", "nested": {"none": None, "flag": True}},
+        {"object": "list", "data": [{"index": 0, "embedding": [0.5, -1.25, 3e-3]}]},
+        {"text": "naïve café — 日本語 \u2028 NaN", "nested": {"none": None, "flag": True}},
+        {"big": 2**70, "key": {3: "int keys become strings"}},
         [],
     ],
 )
@@ -42,9 +46,17 @@ def test_a_json_body_is_what_json_response_wrote(
     _same(built, JSONResponse(payload, status_code=status_code, headers=headers))
 
 
-def test_a_json_body_refuses_nan_as_json_response_did() -> None:
+def test_floats_in_exponent_form_keep_their_value() -> None:
+    """pydantic-core writes 1.25e-7 where the standard library wrote 1.25e-07: the same
+    number, every digit kept (an embedding's float32 values survive exactly)."""
+    values = [-1.25e-07, 1e-05, 1e16, 0.1 + 0.2, float(np.float32(0.0123456789))]
+    assert json.loads(Body.json({"embedding": values}).content) == {"embedding": values}
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_json_body_refuses_nan_as_json_response_did(bad: float) -> None:
     with pytest.raises(ValueError):
-        Body.json({"x": float("nan")})
+        Body.json({"x": [1.0, bad]})
 
 
 def test_text_and_audio_bodies_keep_their_media_types() -> None:
