@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from deployments.vllm_start import cpu_thread_env
+from deployments.vllm_start import cpu_engine_env
 
 SMOLLM2 = "smollm2-135m-instruct"
 
@@ -70,7 +70,7 @@ def start_vllm(
             raise ValueError(f"no vLLM server flag known for engine setting {name!r}")
     # The heads' CPU thread setting (deployments/vllm_start.py), so both stacks run alike.
     env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
-    env.update(cpu_thread_env(env))
+    env.update(cpu_engine_env(env))
     return subprocess.Popen(
         cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True
     )

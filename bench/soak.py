@@ -102,7 +102,7 @@ def _call(kind: str, n: int) -> tuple[str, str, dict[str, Any]]:
     return (
         SPEECH,
         "/v1/audio/speech",
-        {"model": SPEECH, "input": f"Soak call {n}.", "voice": "alloy"},
+        {"model": SPEECH, "input": f"Soak call {n}.", "voice": "tara"},
     )
 
 

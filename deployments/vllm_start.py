@@ -27,6 +27,13 @@ the engine, but start it the same way, and each step matters for a replica:
   heads. An operator who runs one engine per node can set
   ``VLLM_CPU_OMP_THREADS_BIND`` (``auto`` or a core list) in the head's
   ``runtime_env``; then nothing here changes.
+- on a CPU build, the model runs inside the EngineCore process (``cpu_engine_env``):
+  vLLM's CPU platform otherwise starts a third process per engine for its one
+  worker (its ``mp`` executor, needed for its thread binding, which is off here).
+  ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps its ``uni`` executor; ``AsyncLLM``
+  starts the EngineCore in its own process either way. Measured on SmolLM2, two
+  runs each: the engine up in 13-15 s instead of 20-22 s, 2.01 instead of 2.50 GiB
+  PSS for the replica's processes, the same output at the same speed.
 
 vLLM is imported lazily: importing this module needs no vLLM.
 """
@@ -54,6 +61,18 @@ def cpu_thread_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {CPU_THREADS_BIND: "nobind", "OMP_NUM_THREADS": str(threads)}
 
 
+IN_PROCESS_WORKER = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+def cpu_engine_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a CPU engine started under ``environ`` gets set: ``cpu_thread_env``, and its
+    model worker inside the EngineCore process unless the operator chose otherwise."""
+    env = cpu_thread_env(environ)
+    if IN_PROCESS_WORKER not in environ:
+        env[IN_PROCESS_WORKER] = "0"
+    return env
+
+
 def _device_type() -> str:
     from vllm.platforms import current_platform
 
@@ -73,7 +92,7 @@ async def vllm_device_type(requested: str) -> str:
     os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
     device_type = await asyncio.to_thread(_device_type)
     if device_type == "cpu":  # read when the engine spawns its processes: set before that
-        os.environ.update(cpu_thread_env(os.environ))
+        os.environ.update(cpu_engine_env(os.environ))
     if requested not in ("auto", device_type):
         raise RuntimeError(
             f"Config asks for device '{requested}' but the installed vLLM targets '{device_type}'."

@@ -82,6 +82,7 @@ async def test_cpu_engines_leave_their_workers_unpinned_unless_told(
 ) -> None:
     name = vllm_start.CPU_THREADS_BIND
     monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv(vllm_start.IN_PROCESS_WORKER, raising=False)  # restored after the test
     monkeypatch.setenv("OMP_NUM_THREADS", "7")  # what Ray set for the replica
     monkeypatch.setattr(vllm_start.os, "sched_getaffinity", lambda _: {0, 1})
     monkeypatch.setattr(vllm_start, "_device_type", lambda: "cuda")
@@ -91,10 +92,13 @@ async def test_cpu_engines_leave_their_workers_unpinned_unless_told(
     await vllm_start.vllm_device_type("auto")
     # auto's count on two cores: one reserved for the scheduler, one thread
     assert (os.environ[name], os.environ["OMP_NUM_THREADS"]) == ("nobind", "1")
+    assert os.environ[vllm_start.IN_PROCESS_WORKER] == "0"  # the model in the EngineCore
     monkeypatch.setenv(name, "0-1")  # the operator's choice is kept, threads and all
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     await vllm_start.vllm_device_type("auto")
     assert (os.environ[name], os.environ["OMP_NUM_THREADS"]) == ("0-1", "2")
+    kept = {vllm_start.IN_PROCESS_WORKER: "1", name: "auto"}
+    assert vllm_start.cpu_engine_env(kept) == {}  # the operator chose both
     many = vllm_start.cpu_thread_env({})
     assert many["OMP_NUM_THREADS"] == "1"  # the patched two cores
     monkeypatch.setattr(vllm_start.os, "sched_getaffinity", lambda _: set(range(16)))
