@@ -181,7 +181,10 @@ def _compare(tally: Tally, ledger: dict[str, tuple[int, int, int]]) -> list[str]
     problems = []
     for model in sorted(set(tally.requests) | set(ledger)):
         seen = (tally.requests[model], tally.prompt[model], tally.completion[model])
-        if ledger.get(model, (0, 0, 0)) != seen:
+        recorded = ledger.get(model, (0, 0, 0))
+        if model == SPEECH:  # its answer is audio, with no usage to compare tokens with
+            seen, recorded = seen[:1], recorded[:1]
+        if recorded != seen:
             problems.append(f"{model}: clients saw {seen}, ledger has {ledger.get(model)}")
     return problems
 
