@@ -30,10 +30,13 @@ the engine, but start it the same way, and each step matters for a replica:
 - on a CPU build, the model runs inside the EngineCore process (``cpu_engine_env``):
   vLLM's CPU platform otherwise starts a third process per engine for its one
   worker (its ``mp`` executor, needed for its thread binding, which is off here).
-  ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps its ``uni`` executor; ``AsyncLLM``
-  starts the EngineCore in its own process either way. Measured on SmolLM2, two
-  runs each: the engine up in 13-15 s instead of 20-22 s, 2.01 instead of 2.50 GiB
-  PSS for the replica's processes, the same output at the same speed.
+  ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` while the engine is built keeps its ``uni``
+  executor; ``AsyncLLM`` starts the EngineCore in its own process either way. The
+  variable is set only for that build (and so for the EngineCore it spawns): set in
+  the whole process, it would also make a synchronous ``vllm.LLM`` built there later
+  run its engine inside that process. Measured on SmolLM2, two runs each: the engine
+  up in 13-15 s instead of 20-22 s, 2.01 instead of 2.50 GiB PSS for the replica's
+  processes, the same output at the same speed.
 
 vLLM is imported lazily: importing this module needs no vLLM.
 """
@@ -41,9 +44,10 @@ vLLM is imported lazily: importing this module needs no vLLM.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from deployments.replica_logging import vllm_logging_config
@@ -64,13 +68,30 @@ def cpu_thread_env(environ: Mapping[str, str]) -> dict[str, str]:
 IN_PROCESS_WORKER = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
+def in_process_worker_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The model worker inside the EngineCore process, unless the operator chose."""
+    return {} if IN_PROCESS_WORKER in environ else {IN_PROCESS_WORKER: "0"}
+
+
 def cpu_engine_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """What a CPU engine started under ``environ`` gets set: ``cpu_thread_env``, and its
-    model worker inside the EngineCore process unless the operator chose otherwise."""
-    env = cpu_thread_env(environ)
-    if IN_PROCESS_WORKER not in environ:
-        env[IN_PROCESS_WORKER] = "0"
-    return env
+    """Everything a CPU engine process started under ``environ`` gets set (the benches
+    start vLLM's own server with it): ``cpu_thread_env`` and ``in_process_worker_env``."""
+    return {**cpu_thread_env(environ), **in_process_worker_env(environ)}
+
+
+@contextlib.contextmanager
+def scoped_environ(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` for the block; the previous values (or none) after."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _device_type() -> str:
@@ -92,7 +113,7 @@ async def vllm_device_type(requested: str) -> str:
     os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
     device_type = await asyncio.to_thread(_device_type)
     if device_type == "cpu":  # read when the engine spawns its processes: set before that
-        os.environ.update(cpu_engine_env(os.environ))
+        os.environ.update(cpu_thread_env(os.environ))
     if requested not in ("auto", device_type):
         raise RuntimeError(
             f"Config asks for device '{requested}' but the installed vLLM targets '{device_type}'."
@@ -107,9 +128,11 @@ async def start_async_llm(engine_kwargs: dict[str, Any], *, stat_loggers: Any = 
     if unknown := sorted(set(engine_kwargs) - known):
         raise ValueError(f"Unknown vLLM engine args: {', '.join(unknown)}")
     kwargs = {"logging_config": vllm_logging_config(), **engine_kwargs}
-    engine = await asyncio.to_thread(
-        async_llm_cls.from_engine_args, engine_args_cls(**kwargs), stat_loggers=stat_loggers
-    )
+    on_cpu = await asyncio.to_thread(_device_type) == "cpu"
+    with scoped_environ(in_process_worker_env(os.environ) if on_cpu else {}):
+        engine = await asyncio.to_thread(
+            async_llm_cls.from_engine_args, engine_args_cls(**kwargs), stat_loggers=stat_loggers
+        )
     # Built off the loop, the client could not start its output reader (vLLM 0.32 API).
     ensure_reader = getattr(engine.engine_core, "_ensure_output_queue_task", None)
     if callable(ensure_reader):

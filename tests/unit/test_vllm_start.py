@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -39,8 +39,12 @@ class _Engine:
 
 
 class _AsyncLLM:
+    built_with: ClassVar[list[str | None]] = []
+    """``VLLM_ENABLE_V1_MULTIPROCESSING`` as each build saw it (its EngineCore inherits it)."""
+
     @staticmethod
     def from_engine_args(args: _Args, stat_loggers: Any = None) -> _Engine:
+        _AsyncLLM.built_with.append(os.environ.get(vllm_start.IN_PROCESS_WORKER))
         return _Engine(args, stat_loggers)
 
 
@@ -48,6 +52,27 @@ class _AsyncLLM:
 def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vllm_start, "_engine_classes", lambda: (_Args, _AsyncLLM))
     monkeypatch.setattr(vllm_start, "vllm_logging_config", lambda: "no-dictconfig")
+    monkeypatch.setattr(vllm_start, "_device_type", lambda: "cpu")
+    monkeypatch.delenv(vllm_start.IN_PROCESS_WORKER, raising=False)
+    _AsyncLLM.built_with.clear()
+
+
+async def test_a_cpu_engine_is_built_with_its_model_in_the_engine_process_only(
+    fake_vllm: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Set for the build (the EngineCore it spawns inherits it), gone after: a synchronous
+    ``vllm.LLM`` built later in the same process must not run its engine in-process."""
+    await vllm_start.start_async_llm({"model": "m"})
+    assert _AsyncLLM.built_with == ["0"]
+    assert vllm_start.IN_PROCESS_WORKER not in os.environ
+    monkeypatch.setenv(vllm_start.IN_PROCESS_WORKER, "1")  # the operator's choice wins
+    await vllm_start.start_async_llm({"model": "m"})
+    assert _AsyncLLM.built_with == ["0", "1"]
+    assert os.environ[vllm_start.IN_PROCESS_WORKER] == "1"
+    monkeypatch.delenv(vllm_start.IN_PROCESS_WORKER)
+    monkeypatch.setattr(vllm_start, "_device_type", lambda: "cuda")  # nothing to say on a GPU
+    await vllm_start.start_async_llm({"model": "m"})
+    assert _AsyncLLM.built_with == ["0", "1", None]
 
 
 async def test_start_keeps_vllm_logging_out_and_starts_the_reader(fake_vllm: None) -> None:
@@ -92,13 +117,14 @@ async def test_cpu_engines_leave_their_workers_unpinned_unless_told(
     await vllm_start.vllm_device_type("auto")
     # auto's count on two cores: one reserved for the scheduler, one thread
     assert (os.environ[name], os.environ["OMP_NUM_THREADS"]) == ("nobind", "1")
-    assert os.environ[vllm_start.IN_PROCESS_WORKER] == "0"  # the model in the EngineCore
+    assert vllm_start.IN_PROCESS_WORKER not in os.environ  # only while an engine is built
     monkeypatch.setenv(name, "0-1")  # the operator's choice is kept, threads and all
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     await vllm_start.vllm_device_type("auto")
     assert (os.environ[name], os.environ["OMP_NUM_THREADS"]) == ("0-1", "2")
     kept = {vllm_start.IN_PROCESS_WORKER: "1", name: "auto"}
     assert vllm_start.cpu_engine_env(kept) == {}  # the operator chose both
+    assert vllm_start.cpu_engine_env({})[vllm_start.IN_PROCESS_WORKER] == "0"
     many = vllm_start.cpu_thread_env({})
     assert many["OMP_NUM_THREADS"] == "1"  # the patched two cores
     monkeypatch.setattr(vllm_start.os, "sched_getaffinity", lambda _: set(range(16)))
