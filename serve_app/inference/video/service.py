@@ -136,6 +136,8 @@ class VideoService:
 
     async def get(self, job_id: str, principal: Principal, base_url: str) -> Body:
         job = await self._own(job_id, principal)
+        if job.status == QUEUED:  # a client waiting on it wakes a head that sleeps when idle
+            self._head_ready(job.model)
         if self._needs_reconcile(job):
             await self._reconcile(principal.user_id, [job])
             job = await self._own(job_id, principal)

@@ -13,6 +13,7 @@ import pytest
 from deployments.video.head import VideoHeadCore
 from serve_app.billing.store import LedgerStore
 from serve_app.jobs.store import JobStore
+from serve_app.protocol.errors import model_warming
 from serve_app.storage.objects import LocalObjectStore
 from tests.fakes.scripted_video import ScriptedVideoEngine
 from tests.unit.video.conftest import (
@@ -194,3 +195,21 @@ async def test_a_stopping_replica_hands_its_job_back(make_video_rig: RigFactory)
     await successor.start(run_worker=False)
     assert await successor.run_once()
     assert (await rig.job(job_id))["status"] == "completed"
+
+
+async def test_reading_a_queued_job_wakes_a_sleeping_head(rig: VideoRig) -> None:
+    """A job put back in the queue when its head was scaled down (or queued while the head
+    slept) is taken again once its head is up: a client polling the job wakes it."""
+    service = rig.harness.app.state.gateway.video
+    checked: list[str] = []
+
+    class Asleep:
+        def check(self, model_id: str) -> None:
+            checked.append(model_id)  # the real readiness wakes the head here
+            raise model_warming(model_id, 10)
+
+    service.readiness = Asleep()
+    job_id = (await rig.create()).json()["id"]
+    assert checked == [VIDEO]  # the create
+    assert (await rig.job(job_id))["status"] == "queued"
+    assert checked == [VIDEO, VIDEO]  # and the read
