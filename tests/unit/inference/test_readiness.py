@@ -31,6 +31,9 @@ def test_classify_serve_deployment_states() -> None:
     assert _classify(None).state == WARMING
     assert _classify(_dep("UPDATING", STARTING=1)).state == WARMING
     assert _classify(_dep("UPDATING", RUNNING=1, STARTING=1)).state == READY
+    # After a ServeController restart its live replicas are RECOVERING: they still serve.
+    assert _classify(_dep("UPDATING", RECOVERING=1)).state == READY
+    assert _classify(_dep("HEALTHY", PENDING_MIGRATION=1)).state == READY
     assert _classify(_dep("DeploymentStatus.DEPLOY_FAILED")).state == FAILED
     assert _classify(_dep("UNHEALTHY", STARTING=1)).state == FAILED
     assert _classify(_dep("HEALTHY")).state == ASLEEP  # scaled to zero while idle
