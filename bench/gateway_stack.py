@@ -20,6 +20,7 @@ import yaml
 
 from bench.common import free_port
 from bench.servers import SMOLLM2, mint_key
+from deployments.vllm_start import scoped_environ
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = SMOLLM2
@@ -155,16 +156,8 @@ class Variant:
 
 
 def _mint_key_in(env: dict[str, str]) -> str:
-    saved = {k: os.environ.get(k) for k in env if k.startswith("GATEWAY_")}
-    os.environ.update({k: v for k, v in env.items() if k.startswith("GATEWAY_")})
-    try:
+    with scoped_environ({k: v for k, v in env.items() if k.startswith("GATEWAY_")}):
         return mint_key(env["GATEWAY_DATABASE_URL"])
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def wait_gateway(

@@ -180,6 +180,49 @@ def sleeping_chat_models(config: str) -> list[tuple[str, str]]:
     ]
 
 
+def start_gateway_run(config: str, state: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """``gateway run`` on ``config`` in its own session, with ``state`` as its state folder
+    (log in ``state/gateway-run.log``) and the shared models cache; (process, base URL).
+
+    This process takes the same ``GATEWAY_*`` folders, so a key it mints is the stack's.
+    """
+    from serve_app.contract.paths import models_dir_from_environment
+
+    folders = {
+        "GATEWAY_STATE_DIR": str(state),
+        "GATEWAY_MODELS_DIR": str(models_dir_from_environment()),
+    }
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "serve_app.cli", "run", "--config", config, "--port", str(port)],
+        cwd=REPO,
+        env={**os.environ, **folders},
+        stdout=(state / "gateway-run.log").open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    os.environ.update(folders)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_ready(proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
+    """Until ``gateway run`` says the gateway is ready; exits when it died or took too long."""
+    deadline = time.monotonic() + timeout_s
+    while b"] gateway ready on" not in log.read_bytes():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"gateway run did not come up; see {log}")
+        time.sleep(0.5)
+
+
+def stop_gateway_run(proc: subprocess.Popen[bytes]) -> None:
+    """Ctrl-C (its clean stop), then SIGKILL after a minute."""
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/local.yaml")
@@ -189,45 +232,14 @@ def main() -> int:
     args = parser.parse_args()
 
     state = Path(tempfile.mkdtemp(prefix="memory-budget-"))
-    from serve_app.contract.paths import models_dir_from_environment
-
-    env = {
-        **os.environ,
-        "GATEWAY_STATE_DIR": str(state),
-        "GATEWAY_MODELS_DIR": str(models_dir_from_environment()),
-    }
-    port = free_port()
-    log = (state / "gateway-run.log").open("wb")
     launched = time.monotonic()
     wall_start = time.time()
     used_before = machine_used()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "serve_app.cli",
-            "run",
-            "--config",
-            args.config,
-            "--port",
-            str(port),
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    proc, base = start_gateway_run(args.config, state)
     sampler = Sampler(proc.pid)
     sampler.start()
     try:
-        os.environ.update({k: env[k] for k in ("GATEWAY_STATE_DIR", "GATEWAY_MODELS_DIR")})
-        base = f"http://127.0.0.1:{port}"
-        log_path = Path(log.name)
-        while b"] gateway ready on" not in log_path.read_bytes():
-            if proc.poll() is not None or time.monotonic() - launched > args.boot_timeout_s:
-                raise SystemExit(f"gateway run did not come up; see {log.name}")
-            time.sleep(0.5)
+        wait_ready(proc, state / "gateway-run.log", args.boot_timeout_s)
         key = mint_key(f"sqlite:///{state / 'gateway.db'}")
         chat(base, key, FIRST_MODEL, args.boot_timeout_s)
         first = time.monotonic() - launched
@@ -259,14 +271,10 @@ def main() -> int:
             f"peak over the run: stack {sampler.peak_stack / GiB:.2f} GiB, machine used "
             f"{sampler.peak_used / GiB:.2f} GiB; Ray OOM kills: {oom_kills(wall_start)}"
         )
-        print(f"gateway run log: {log.name}")
+        print(f"gateway run log: {state / 'gateway-run.log'}")
     finally:
         sampler.stop()
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_gateway_run(proc)
     return 0
 
 

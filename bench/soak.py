@@ -25,10 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,8 +39,16 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import free_port  # noqa: E402
-from bench.memory_budget import GiB, Sampler, machine_used, oom_kills, table  # noqa: E402
+from bench.memory_budget import (  # noqa: E402
+    GiB,
+    Sampler,
+    machine_used,
+    oom_kills,
+    start_gateway_run,
+    stop_gateway_run,
+    table,
+    wait_ready,
+)
 from bench.servers import mint_key  # noqa: E402
 
 CHAT = "smollm2-135m-instruct"
@@ -180,10 +185,10 @@ def _ledger(database: Path, user: str = "bench") -> dict[str, tuple[int, int, in
 def _compare(tally: Tally, ledger: dict[str, tuple[int, int, int]]) -> list[str]:
     problems = []
     for model in sorted(set(tally.requests) | set(ledger)):
-        seen = (tally.requests[model], tally.prompt[model], tally.completion[model])
-        recorded = ledger.get(model, (0, 0, 0))
-        if model == SPEECH:  # its answer is audio, with no usage to compare tokens with
-            seen, recorded = seen[:1], recorded[:1]
+        # Speech is compared by requests: its answer is audio, with no usage to compare.
+        width = 1 if model == SPEECH else 3
+        seen = (tally.requests[model], tally.prompt[model], tally.completion[model])[:width]
+        recorded = ledger.get(model, (0, 0, 0))[:width]
         if recorded != seen:
             problems.append(f"{model}: clients saw {seen}, ledger has {ledger.get(model)}")
     return problems
@@ -197,36 +202,6 @@ def _settled_ledger(database: Path, tally: Tally, wait_s: float = 30.0) -> list[
         if not problems or time.monotonic() > deadline:
             return problems
         time.sleep(2.0)
-
-
-def _start(config: str, state: Path) -> tuple[subprocess.Popen[bytes], str, float]:
-    from serve_app.contract.paths import models_dir_from_environment
-
-    env = {
-        **os.environ,
-        "GATEWAY_STATE_DIR": str(state),
-        "GATEWAY_MODELS_DIR": str(models_dir_from_environment()),
-    }
-    port = free_port()
-    log = (state / "gateway-run.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "serve_app.cli", "run", "--config", config, "--port", str(port)],
-        cwd=REPO,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    os.environ.update({k: env[k] for k in ("GATEWAY_STATE_DIR", "GATEWAY_MODELS_DIR")})
-    return proc, f"http://127.0.0.1:{port}", time.time()
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while b"] gateway ready on" not in log.read_bytes():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"gateway run did not come up; see {log}")
-        time.sleep(0.5)
 
 
 def _report(tally: Tally, minutes: float) -> None:
@@ -252,11 +227,12 @@ def main() -> int:
     args = parser.parse_args()
 
     state = Path(tempfile.mkdtemp(prefix="soak-"))
-    proc, base, wall_start = _start(args.config, state)
+    wall_start = time.time()
+    proc, base = start_gateway_run(args.config, state)
     sampler = Sampler(proc.pid)
     sampler.start()
     try:
-        _wait_ready(proc, state / "gateway-run.log", args.boot_timeout_s)
+        wait_ready(proc, state / "gateway-run.log", args.boot_timeout_s)
         key = mint_key(f"sqlite:///{state / 'gateway.db'}")
         tally = Tally()
         until = time.monotonic() + args.minutes * 60
@@ -283,11 +259,7 @@ def main() -> int:
         return 1 if tally.errors or problems or kills else 0
     finally:
         sampler.stop()
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_gateway_run(proc)
 
 
 if __name__ == "__main__":
