@@ -383,8 +383,8 @@ def in_child(function: Callable[..., T], *args: Any, nice: int = 0) -> T:
     """``function(*args)`` in a fresh (spawned) process: its imports and memory die with it.
 
     ``nice`` lowers the child's CPU priority: work done beside a start (the background
-    preparations of ``gateway run``) at the default priority took the CPU from Ray's
-    workers, which run at nice 15, and so from the first head's start.
+    preparations of ``gateway run``) at the priority of Ray's workers shared the cores
+    with the first head's start.
     """
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(

@@ -173,8 +173,9 @@ def first_answer_model(serve_config: dict[str, Any]) -> str | None:
 
 BACKGROUND_NICE = 19
 """CPU priority of what ``gateway run`` does beside the start (background preparations, the
-preflight check): Ray's workers run at nice 15, so at the default priority that work took
-the two cores from the first chat head's start (docs/deployment.md, "First answer")."""
+preflight check): at the priority of Ray's workers (nice 0 here, ``RAY_worker_niceness``) that
+work shared the two cores with the first chat head's start (docs/deployment.md, "First
+answer")."""
 
 
 def _prepare_in_background(
