@@ -17,8 +17,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
+from typing import Any
 
 from serve_app.background import PeriodicLoop
 from serve_app.protocol.errors import ModelUnavailableError, model_warming
@@ -51,24 +54,32 @@ Waker = Callable[[str], None]
 
 
 def serve_status_source(app_name: str, deployments: dict[str, str]) -> StatusSource:
-    """Reads ``serve.status()`` and maps each model's deployment to a ``HeadState``.
+    """Reads Serve's instance details and maps each model's deployment to a ``HeadState``.
 
-    ``deployments`` maps model id -> deployment name inside ``app_name``.
+    ``deployments`` maps model id -> deployment name inside ``app_name``. The controller's
+    details are read as the plain dict it sends (the dedicated reconciler reads the same
+    one), not through ``serve.status()``: that parses it into Serve's pydantic schema
+    first, whose deployment configs cloudpickle their request router class on every
+    read. That parse was 70% of an idle gateway replica's CPU and 9% of it under load
+    (py-spy, bench/RESULTS.md, "Embeddings"); the dict walk below costs next to nothing.
     """
 
     def read() -> dict[str, HeadState]:
-        from ray import serve
-
-        app = serve.status().applications.get(app_name)
+        app = (_serve_details().get("applications") or {}).get(app_name)
         if app is None:  # our own app missing: a restarted controller still recovering
             raise StatusUnknownError(f"application {app_name!r} not in Serve's status yet")
-        result: dict[str, HeadState] = {}
-        for model_id, name in deployments.items():
-            dep = app.deployments.get(name) if app else None
-            result[model_id] = _classify(dep)
-        return result
+        found = app.get("deployments") or {}
+        return {model_id: _classify(found.get(name)) for model_id, name in deployments.items()}
 
     return read
+
+
+def _serve_details() -> dict[str, Any]:
+    """The ServeController's instance details (``{}`` while no controller runs)."""
+    from ray.serve.context import _get_global_client
+
+    client = _get_global_client(raise_if_no_controller_running=False)
+    return client.get_serve_details() if client is not None else {}
 
 
 SERVING_REPLICA_STATES = ("RUNNING", "RECOVERING", "PENDING_MIGRATION")
@@ -78,16 +89,21 @@ found again and not yet health-checked (counted as not running, it turned every 
 suite); PENDING_MIGRATION: running on a node being drained, until its successor is up."""
 
 
-def _classify(dep: object | None) -> HeadState:
+def _name(value: object) -> str:
+    """A status or state as Serve names it (the details may hold its enums or their values)."""
+    return str(value.value) if isinstance(value, Enum) else str(value or "")
+
+
+def _classify(dep: dict[str, Any] | None) -> HeadState:
+    """One deployment's entry of the details -> the head's condition."""
     if dep is None:
         return HeadState(WARMING, "not deployed yet")
-    status = str(getattr(dep, "status", ""))
-    replicas = dict(getattr(dep, "replica_states", {}) or {})
-    running = sum(int(replicas.get(state, 0)) for state in SERVING_REPLICA_STATES)
-    if running > 0:
+    status = _name(dep.get("status"))
+    replicas = Counter(_name(r.get("state")) for r in dep.get("replicas") or [])
+    if sum(replicas[state] for state in SERVING_REPLICA_STATES) > 0:
         return HeadState(READY)
     if "DEPLOY_FAILED" in status or "UNHEALTHY" in status:
-        return HeadState(FAILED, str(getattr(dep, "message", ""))[:200])
+        return HeadState(FAILED, _name(dep.get("message"))[:200])
     if "HEALTHY" in status and not replicas:
         return HeadState(ASLEEP, "scaled to zero while idle")
     return HeadState(WARMING, status)

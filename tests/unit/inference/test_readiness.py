@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -17,14 +18,22 @@ from serve_app.inference.readiness import (
     WARMING,
     HeadReadiness,
     HeadState,
+    StatusUnknownError,
     _classify,
+    serve_status_source,
 )
 from serve_app.protocol.errors import ModelUnavailableError
 from tests.fixtures.gateway import GatewayHarness
 
 
-def _dep(status: str, **replicas: int) -> SimpleNamespace:
-    return SimpleNamespace(status=status, replica_states=replicas, message="boom")
+def _dep(status: str, **replicas: int) -> dict[str, Any]:
+    """A deployment's entry of Serve's instance details, as the controller sends it."""
+    states = [
+        {"replica_id": f"{state}-{i}", "state": state}
+        for state, n in replicas.items()
+        for i in range(n)
+    ]
+    return {"status": status, "replicas": states, "message": "boom"}
 
 
 def test_classify_serve_deployment_states() -> None:
@@ -37,6 +46,34 @@ def test_classify_serve_deployment_states() -> None:
     assert _classify(_dep("DeploymentStatus.DEPLOY_FAILED")).state == FAILED
     assert _classify(_dep("UNHEALTHY", STARTING=1)).state == FAILED
     assert _classify(_dep("HEALTHY")).state == ASLEEP  # scaled to zero while idle
+    assert _classify(_dep("HEALTHY", STOPPING=1)).state == WARMING  # going to sleep
+
+
+def test_classify_reads_serves_enums() -> None:
+    """The controller's details hold Serve's enums (a python-mode dump), not their names."""
+    from ray.serve._private.common import DeploymentStatus, ReplicaState
+
+    running = {"status": DeploymentStatus.HEALTHY, "replicas": [{"state": ReplicaState.RUNNING}]}
+    assert _classify(running).state == READY
+    failed = {"status": DeploymentStatus.DEPLOY_FAILED, "replicas": [], "message": "no GPU"}
+    assert _classify(failed) == HeadState(FAILED, "no GPU")
+    assert _classify({"status": DeploymentStatus.HEALTHY, "replicas": []}).state == ASLEEP
+
+
+def test_status_source_maps_models_and_waits_for_a_recovering_controller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from serve_app.inference import readiness
+
+    details: dict[str, Any] = {
+        "applications": {"gateway": {"deployments": {"chat-a": _dep("HEALTHY", RUNNING=1)}}}
+    }
+    monkeypatch.setattr(readiness, "_serve_details", lambda: details)
+    read = serve_status_source("gateway", {"a": "chat-a", "b": "chat-b"})
+    assert read() == {"a": HeadState(READY), "b": HeadState(WARMING, "not deployed yet")}
+    details["applications"] = {}  # a restarted controller that has not found the app yet
+    with pytest.raises(StatusUnknownError):
+        read()
 
 
 async def _polled(states: dict[str, HeadState]) -> HeadReadiness:
