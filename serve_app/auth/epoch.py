@@ -24,7 +24,8 @@ general; a replica clears its cache when any of them moved:
    time-to-first-token when every 50 ms the request itself paid it, issue 14);
    after ``POLLER_IDLE_S`` without requests the task stops, so an idle replica
    does no reads, and the next request reads inline because its value is stale.
-   (The reads cost ~0.025 of a core while they run: bench/RESULTS.md, 2026-11-26.)
+   (The reads cost ~0.025 of a core while they run: bench/RESULTS.md, 2026-11-26;
+   on one kept connection, ``EpochReader``, about half of that.)
 
 The cache's TTL (``auth_cache_seconds``) stays as the last resort for edits
 made to the database behind the store's back (hand-written SQL).
@@ -81,10 +82,53 @@ def bump_in_transaction(conn: Connection) -> None:
         conn.execute(sa.insert(auth_epoch).values(id=1, value=1))
 
 
-def read_db_epoch(db: Database) -> int:
-    with db.connect() as conn:
-        value = conn.execute(sa.select(auth_epoch.c.value).where(auth_epoch.c.id == 1)).scalar()
-    return int(value or 0)
+EPOCH_SQL = "SELECT value FROM auth_epoch WHERE id = 1"
+"""The read, as the driver runs it: compiled once by the database, not by SQLAlchemy."""
+
+
+class EpochReader:
+    """The poller's read, 20 times a second, on one connection it keeps.
+
+    A pooled read checked a connection out (a ``SELECT 1`` ping first, the engine's
+    ``pool_pre_ping``), had SQLAlchemy compile the select and reset the connection on
+    return: the largest share of a gateway replica's Python time under a steady
+    embeddings load after the request itself (py-spy, 15% of its GIL time). Here the
+    connection is checked out once and each read ends its transaction (a kept
+    SQLite read transaction would pin an old snapshot; a PostgreSQL one would sit
+    "idle in transaction"). A failed read drops the connection; the next one checks
+    out a fresh, pinged one. Reads come from the poller and from inline reads in
+    worker threads: a lock keeps them off the connection at the same time.
+    """
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._conn: Connection | None = None
+        self._lock = threading.Lock()
+
+    def read(self) -> int:
+        with self._lock:
+            try:
+                if self._conn is None:
+                    self._conn = self._db.engine.connect()
+                value = self._conn.exec_driver_sql(EPOCH_SQL).scalar()
+                self._conn.rollback()
+            except Exception:
+                self._drop()
+                raise
+        return int(value or 0)
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.invalidate()  # never back into the pool: it may be the broken one
+                conn.close()
+            except Exception:
+                logger.debug("closing the accounts generation reader failed", exc_info=True)
 
 
 class RedisEpochPublisher:
@@ -136,6 +180,7 @@ class EpochWatch:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._db = db
+        self._reader = EpochReader(db)
         self._redis: Any = redis
         self._poll_s = poll_s
         self._idle_s = idle_s
@@ -169,7 +214,7 @@ class EpochWatch:
     def _poll_db(self) -> None:
         started = self._clock()
         try:
-            self._db_value = read_db_epoch(self._db)
+            self._db_value = self._reader.read()
         except Exception:
             if not self._db_failing:
                 logger.exception("could not read the accounts generation from the database")
@@ -216,6 +261,7 @@ class EpochWatch:
 
     async def aclose(self) -> None:
         await self._poller.stop()
+        await asyncio.to_thread(self._reader.close)
         if self._redis is not None:
             await self._redis.aclose()
 

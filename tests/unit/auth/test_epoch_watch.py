@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from serve_app.auth.epoch import EpochWatch, bump_in_transaction
+import pytest
+
+from serve_app.auth.epoch import EpochReader, EpochWatch, bump_in_transaction
 from serve_app.storage.db import Database
 
 
@@ -93,3 +95,32 @@ async def test_aclose_stops_the_poller(tmp_path: Path) -> None:
     assert watch._poller.running
     await watch.aclose()
     assert not watch._poller.running
+
+
+def test_kept_connection_sees_each_commit_of_another_process(tmp_path: Path) -> None:
+    """The reader keeps one connection: each read must end its transaction, or SQLite
+    (WAL) would keep answering from the snapshot of the first read."""
+    reader = EpochReader(_database(tmp_path))
+    try:
+        first = reader.read()
+        for bump in range(1, 4):
+            _bump_from_elsewhere(tmp_path)
+            assert reader.read() == first + bump
+    finally:
+        reader.close()
+
+
+def test_failed_read_drops_the_connection_and_the_next_read_recovers(tmp_path: Path) -> None:
+    reader = EpochReader(_database(tmp_path))
+    try:
+        before = reader.read()
+        kept = reader._conn
+        assert kept is not None
+        kept.close()  # a connection that broke under the reader (a restarted server)
+        with pytest.raises(Exception):  # noqa: B017  # whatever the driver raises
+            reader.read()
+        assert reader._conn is None
+        _bump_from_elsewhere(tmp_path)
+        assert reader.read() == before + 1  # a fresh connection from the pool
+    finally:
+        reader.close()
