@@ -124,3 +124,17 @@ def test_failed_read_drops_the_connection_and_the_next_read_recovers(tmp_path: P
         assert reader.read() == before + 1  # a fresh connection from the pool
     finally:
         reader.close()
+
+
+def test_kept_connection_serves_reads_from_any_worker_thread(tmp_path: Path) -> None:
+    """The poller reads through ``asyncio.to_thread``: each read may come from another
+    thread than the one that opened the connection (SQLite refuses that by default)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    reader = EpochReader(_database(tmp_path))
+    try:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            values = list(pool.map(lambda _: reader.read(), range(16)))
+        assert len(set(values)) == 1
+    finally:
+        reader.close()
