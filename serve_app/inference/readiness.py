@@ -20,10 +20,10 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 from serve_app.background import PeriodicLoop
+from serve_app.heads.serve_state import serve_details, serve_name
 from serve_app.protocol.errors import ModelUnavailableError, model_warming
 
 logger = logging.getLogger(__name__)
@@ -56,30 +56,19 @@ Waker = Callable[[str], None]
 def serve_status_source(app_name: str, deployments: dict[str, str]) -> StatusSource:
     """Reads Serve's instance details and maps each model's deployment to a ``HeadState``.
 
-    ``deployments`` maps model id -> deployment name inside ``app_name``. The controller's
-    details are read as the plain dict it sends (the dedicated reconciler reads the same
-    one), not through ``serve.status()``: that parses it into Serve's pydantic schema
-    first, whose deployment configs cloudpickle their request router class on every
-    read. That parse was 70% of an idle gateway replica's CPU and 9% of it under load
-    (py-spy, bench/RESULTS.md, "Embeddings"); the dict walk below costs next to nothing.
+    ``deployments`` maps model id -> deployment name inside ``app_name``. The details are
+    the plain dict the controller sends (``serve_details``; ``serve.status()`` parsed it
+    at a cost: 70% of an idle gateway replica's CPU, 9% under load).
     """
 
     def read() -> dict[str, HeadState]:
-        app = (_serve_details().get("applications") or {}).get(app_name)
+        app = ((serve_details() or {}).get("applications") or {}).get(app_name)
         if app is None:  # our own app missing: a restarted controller still recovering
             raise StatusUnknownError(f"application {app_name!r} not in Serve's status yet")
         found = app.get("deployments") or {}
         return {model_id: _classify(found.get(name)) for model_id, name in deployments.items()}
 
     return read
-
-
-def _serve_details() -> dict[str, Any]:
-    """The ServeController's instance details (``{}`` while no controller runs)."""
-    from ray.serve.context import _get_global_client
-
-    client = _get_global_client(raise_if_no_controller_running=False)
-    return client.get_serve_details() if client is not None else {}
 
 
 SERVING_REPLICA_STATES = ("RUNNING", "RECOVERING", "PENDING_MIGRATION")
@@ -89,21 +78,16 @@ found again and not yet health-checked (counted as not running, it turned every 
 suite); PENDING_MIGRATION: running on a node being drained, until its successor is up."""
 
 
-def _name(value: object) -> str:
-    """A status or state as Serve names it (the details may hold its enums or their values)."""
-    return str(value.value) if isinstance(value, Enum) else str(value or "")
-
-
 def _classify(dep: dict[str, Any] | None) -> HeadState:
     """One deployment's entry of the details -> the head's condition."""
     if dep is None:
         return HeadState(WARMING, "not deployed yet")
-    status = _name(dep.get("status"))
-    replicas = Counter(_name(r.get("state")) for r in dep.get("replicas") or [])
+    status = serve_name(dep.get("status"))
+    replicas = Counter(serve_name(r.get("state")) for r in dep.get("replicas") or [])
     if sum(replicas[state] for state in SERVING_REPLICA_STATES) > 0:
         return HeadState(READY)
     if "DEPLOY_FAILED" in status or "UNHEALTHY" in status:
-        return HeadState(FAILED, _name(dep.get("message"))[:200])
+        return HeadState(FAILED, serve_name(dep.get("message"))[:200])
     if "HEALTHY" in status and not replicas:
         return HeadState(ASLEEP, "scaled to zero while idle")
     return HeadState(WARMING, status)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from enum import Enum
 from typing import Any
 
 from serve_app.contract.dedicated import ReplicaStats
@@ -26,15 +25,12 @@ from serve_app.dedicated.control.deaths import (
 )
 from serve_app.dedicated.offer.scaling import BURST, HEAD
 from serve_app.heads.client import HeadClient, PoolingClient, RayHeadClient
+from serve_app.heads.serve_state import serve_details, serve_name
 
 logger = logging.getLogger(__name__)
 
 SAMPLE_TIMEOUT_S = 5.0
 GCS_TIMEOUT_S = 5.0
-
-
-def _text(value: Any) -> str:
-    return str(value.value) if isinstance(value, Enum) else str(value or "")
 
 
 def _deployment(head: Any, options: dict[str, Any]) -> Any:
@@ -69,7 +65,7 @@ def _replicas(app: dict[str, Any], key: str) -> tuple[ReplicaObservation, ...]:
         ReplicaObservation(
             replica_id=str(r.get("replica_id")),
             deployment=str(dep_name),
-            state=_text(r.get("state")),
+            state=serve_name(r.get("state")),
             node_id=r.get("node_id"),
             start_time_s=r.get("start_time_s"),
             actor_id=r.get("actor_id"),
@@ -84,8 +80,8 @@ def observations(details: dict[str, Any]) -> dict[str, AppObservation]:
     return {
         str(name): AppObservation(
             name=str(name),
-            status=_text(app.get("status")),
-            message=_text(app.get("message"))[:500],
+            status=serve_name(app.get("status")),
+            message=serve_name(app.get("message"))[:500],
             replicas=_replicas(app, "replicas"),
             dead_replicas=_replicas(app, "recent_dead_replicas"),
         )
@@ -131,12 +127,10 @@ class RayServeBackend:
         serve.delete(app_name, _blocking=False)
 
     def status(self) -> dict[str, AppObservation]:
-        from ray.serve.context import _get_global_client
-
-        client = _get_global_client()
-        if client is None:
+        details = serve_details()
+        if details is None:
             raise RuntimeError("Serve is not running")
-        return observations(client.get_serve_details())
+        return observations(details)
 
     def head_client(self, app_name: str, deployment: str, model_id: str) -> HeadClient:
         return self._client(app_name, deployment, model_id)

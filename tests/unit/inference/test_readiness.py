@@ -68,7 +68,7 @@ def test_status_source_maps_models_and_waits_for_a_recovering_controller(
     details: dict[str, Any] = {
         "applications": {"gateway": {"deployments": {"chat-a": _dep("HEALTHY", RUNNING=1)}}}
     }
-    monkeypatch.setattr(readiness, "_serve_details", lambda: details)
+    monkeypatch.setattr(readiness, "serve_details", lambda: details)
     read = serve_status_source("gateway", {"a": "chat-a", "b": "chat-b"})
     assert read() == {"a": HeadState(READY), "b": HeadState(WARMING, "not deployed yet")}
     details["applications"] = {}  # a restarted controller that has not found the app yet
