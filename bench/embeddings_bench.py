@@ -12,8 +12,9 @@ max_num_seqs 64, enforce_eager, 64 MiB KV cache):
 Each request embeds ``--inputs`` short sentences (16), every one different (no request
 repeats another's text, so nothing is answered from a cache). At each concurrency (1, 8
 and 32 requests in flight) the bench runs ``--rounds`` rounds per stack of
-``--requests-per-round`` x concurrency requests; the rounds alternate between the stacks
-(gateway, bare, bare, gateway, ...: each stack goes first as often as the other), so the
+``--requests-per-round`` x concurrency requests, at least ``--min-requests`` (32); the
+rounds alternate between the stacks (gateway, bare, bare, gateway, ...: each stack goes
+first as often as the other), so the
 drift of a shared 2-core machine is charged to neither. Figure: inputs embedded per second,
 per round and over all rounds, and the gateway/bare ratio (target >= 0.95). With
 ``--cpu`` the CPU seconds per 1,000 inputs of each process role are printed too (where a
@@ -201,7 +202,7 @@ async def measure(
             for r in range(args.rounds):
                 order = stacks if r % 2 == 0 else stacks[::-1]
                 for stack in order:
-                    count = args.requests_per_round * concurrency
+                    count = max(args.requests_per_round * concurrency, args.min_requests)
                     batches = [inputs.batch() for _ in range(count)]
                     rate = await stack.round(batches, concurrency, args.cpu)
                     per_round[stack.name].append(rate)
@@ -260,6 +261,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=4, help="rounds per stack (4)")
     parser.add_argument(
         "--requests-per-round", type=int, default=4, help="requests per round, x concurrency (4)"
+    )
+    parser.add_argument(
+        "--min-requests",
+        type=int,
+        default=32,
+        help="requests a round holds at least (32): at 1 in flight 4 requests are half a "
+        "second, where one stall of a shared box decides the round",
     )
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured rounds per stack (2)")
     parser.add_argument("--encoding-format", choices=("float", "base64"), default="float")
@@ -336,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
             "concurrency": args.concurrency,
             "rounds": args.rounds,
             "requests_per_round": args.requests_per_round,
+            "min_requests": args.min_requests,
             "encoding_format": args.encoding_format,
             "dashboard": args.dashboard,
             "command": " ".join(sys.argv),

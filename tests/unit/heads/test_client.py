@@ -20,6 +20,7 @@ from ray.serve import exceptions as serve_exceptions
 from serve_app.catalog.config import CatalogModel
 from serve_app.contract.audio import SpeechHeadRequest, TranscriptionHeadRequest
 from serve_app.contract.document import DetectHeadRequest, ParseHeadRequest
+from serve_app.contract.embedding import EmbedHeadRequest, ScoreHeadRequest
 from serve_app.contract.text import (
     GenerationDone,
     HeadRequest,
@@ -33,14 +34,17 @@ from serve_app.heads.client import RayHeadClient, ray_head_clients
 from serve_app.protocol.errors import GatewayError, InvalidRequestError
 
 HANG = object()
+LONG = head_client.INLINE_MAX_CHARS
 
 
 class FakeResponse:
     """A ``DeploymentResponse`` or ``DeploymentResponseGenerator`` stand-in."""
 
-    def __init__(self, outcome: Any) -> None:
+    def __init__(self, outcome: Any, by_reference: bool = True) -> None:
         self.outcome = outcome
         self.cancelled = False
+        self.by_reference = by_reference
+        """The transport the call went over: Ray object references, or gRPC (False)."""
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -72,17 +76,21 @@ class FakeHandle:
         self.by_reference = True
         self.responses: list[tuple[str, FakeResponse]] = []
 
-    def options(self, *, stream: bool, _by_reference: bool = True) -> FakeHandle:
+    def options(self, *, stream: bool = False, _by_reference: bool = True) -> FakeHandle:
+        """A view with these options sharing ``responses``; the last options are also
+        kept on this handle."""
         self.streaming = stream
         self.by_reference = _by_reference
-        return self
+        view = FakeHandle(self.outcome)
+        view.streaming, view.by_reference, view.responses = stream, _by_reference, self.responses
+        return view
 
     def __getattr__(self, method: str) -> Any:
         handle = self
 
         class Method:
             def remote(self, *args: Any) -> FakeResponse:
-                response = FakeResponse(handle.outcome)
+                response = FakeResponse(handle.outcome, handle.by_reference)
                 handle.responses.append((method, response))
                 return response
 
@@ -198,6 +206,62 @@ async def test_a_call_the_gateway_stops_waiting_for_is_cancelled_on_the_head() -
         await asyncio.wait_for(KINDS["transcribe"](RayHeadClient("stt", handle)), 0.05)
     [(_, response)] = handle.responses
     assert response.cancelled
+
+
+@pytest.mark.parametrize(
+    ("request_", "inline"),
+    [
+        (EmbedHeadRequest("e", texts=["a short text"] * 16), True),
+        (EmbedHeadRequest("e", token_ids=[[1, 2, 3]] * 64), True),
+        (EmbedHeadRequest("e", texts=["x"] * (head_client.INLINE_MAX_INPUTS + 1)), False),
+        (EmbedHeadRequest("e", texts=["x" * (head_client.INLINE_MAX_CHARS + 1)]), False),
+        (EmbedHeadRequest("e", token_ids=[[7] * (head_client.INLINE_MAX_TOKEN_IDS + 1)]), False),
+        (ScoreHeadRequest("s", queries=["q"], documents=["d"] * 2048), True),
+        (
+            ScoreHeadRequest("s", queries=["q" * head_client.INLINE_MAX_CHARS], documents=["d"]),
+            False,
+        ),
+    ],
+)
+async def test_small_pooling_calls_go_over_grpc_and_large_ones_by_reference(
+    request_: EmbedHeadRequest | ScoreHeadRequest, inline: bool
+) -> None:
+    """Serve's replicas refuse gRPC messages above 4 MiB: a large call keeps Ray's object
+    references, where no cap applies."""
+    handle = FakeHandle(None)
+    client = RayHeadClient("emb", handle)
+    if isinstance(request_, EmbedHeadRequest):
+        await client.embed(request_)
+    else:
+        await client.score(request_)
+    [(method, response)] = handle.responses
+    assert method == ("embed" if isinstance(request_, EmbedHeadRequest) else "score")
+    assert response.by_reference is not inline
+
+
+def test_unary_calls_use_a_loop_bound_handle_on_the_first_loop_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Serve router bound to one event loop cannot serve another: a call from a
+    second loop goes through the shared handle (whose router has its own thread)."""
+    shared, bound = FakeHandle("shared"), FakeHandle("bound")
+    made: list[Any] = []
+
+    def loop_bound(handle: Any) -> FakeHandle:
+        made.append(handle)
+        return bound
+
+    monkeypatch.setattr(head_client, "_loop_bound", loop_bound)
+    client = RayHeadClient("stt", shared)
+    request = TranscriptionHeadRequest("r", b"RIFF", "wav")
+
+    async def twice() -> list[Any]:
+        return [await client.transcribe(request), await client.transcribe(request)]
+
+    assert asyncio.run(twice()) == ["bound", "bound"]
+    assert made == [shared]  # one loop-bound handle, made once
+    assert asyncio.run(twice()) == ["shared", "shared"]  # another loop
+    assert len(bound.responses) == 2 and len(shared.responses) == 2
 
 
 @pytest.mark.parametrize("outcome", [HANG, ray_exceptions.ActorDiedError(), None])
