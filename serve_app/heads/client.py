@@ -157,8 +157,10 @@ class RayHeadClient:
         self._handle = handle
         self._streaming: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._unary: dict[tuple[bool, bool], Any] = {}
-        """(on the owning loop, inline) -> the handle a unary call goes through."""
+        """The loop that called first: the one ``_bound``'s router runs on."""
+        self._bound: Any = None
+        self._inline: dict[bool, Any] = {}
+        """On the owning loop or not -> that loop's handle with the gRPC transport."""
         self.forget_max_calls = FORGET_MAX_CALLS
         self.forget_settle_s = FORGET_SETTLE_S
 
@@ -196,16 +198,17 @@ class RayHeadClient:
             raise
 
     def _unary_handle(self, inline: bool) -> Any:
+        """One loop-bound handle (one router) per client; the transport is an option of it."""
         loop = asyncio.get_running_loop()
         if self._loop is None:
-            self._loop = loop
+            self._loop, self._bound = loop, _loop_bound(self._handle)
         owned = loop is self._loop
-        handle = self._unary.get((owned, inline))
+        base = self._bound if owned else self._handle
+        if not inline:
+            return base
+        handle = self._inline.get(owned)
         if handle is None:
-            handle = _loop_bound(self._handle) if owned else self._handle
-            if inline:
-                handle = handle.options(_by_reference=False)
-            self._unary[(owned, inline)] = handle
+            handle = self._inline[owned] = base.options(_by_reference=False)
         return handle
 
     def _give_up(self, response: Any, err: BaseException) -> None:
@@ -280,7 +283,8 @@ class RayHeadClient:
 
     async def score(self, request: ScoreHeadRequest) -> ScoreHeadReply:
         texts = [*request.queries, *request.documents]
-        reply: ScoreHeadReply = await self.call("score", request, inline=_fits(texts, None, 0))
+        inline = _fits(texts, None, max_inputs=None)  # a score answers one float per pair
+        reply: ScoreHeadReply = await self.call("score", request, inline=inline)
         return reply
 
     async def wake(self) -> None:
@@ -304,7 +308,7 @@ INLINE_MAX_TOKEN_IDS = 128 * 1024
 def pooling_fits_inline(texts: list[str] | None, token_ids: list[list[int]] | None) -> bool:
     """Whether an embeddings call is small enough for Serve's gRPC transport.
 
-    Measured at 1 request of 16 inputs in flight (bench/RESULTS.md, 2026-11-27 10:00):
+    Measured at 1 request of 16 inputs in flight (bench/RESULTS.md, "2026-11-27 08:36-09:40"):
     gRPC instead of Ray object references saved ~2 ms of the ~7.6 ms the handle's
     round trip took, and the loop-bound router another ~1 ms. Serve's replicas refuse a
     gRPC message above 4 MiB, and 2,048 inputs of a 4,096-dimension model answer 33 MiB,
@@ -313,10 +317,12 @@ def pooling_fits_inline(texts: list[str] | None, token_ids: list[list[int]] | No
     return _fits(texts, token_ids, INLINE_MAX_INPUTS)
 
 
-def _fits(texts: list[str] | None, token_ids: list[list[int]] | None, max_inputs: int) -> bool:
-    """``max_inputs`` 0: no bound on the count (a score's reply is one float per pair)."""
+def _fits(
+    texts: list[str] | None, token_ids: list[list[int]] | None, max_inputs: int | None
+) -> bool:
+    """``max_inputs`` None: no bound on the count of inputs."""
     count = len(texts if texts is not None else token_ids or [])
-    if max_inputs and count > max_inputs:
+    if max_inputs is not None and count > max_inputs:
         return False
     if texts is not None and sum(len(t) for t in texts) > INLINE_MAX_CHARS:
         return False

@@ -74,6 +74,8 @@ class FakeHandle:
         self.outcome = outcome
         self.streaming = False
         self.by_reference = True
+        self.sends_by_reference = True
+        """The transport of this handle's own calls (``by_reference``: the last options)."""
         self.responses: list[tuple[str, FakeResponse]] = []
 
     def options(self, *, stream: bool = False, _by_reference: bool = True) -> FakeHandle:
@@ -83,6 +85,7 @@ class FakeHandle:
         self.by_reference = _by_reference
         view = FakeHandle(self.outcome)
         view.streaming, view.by_reference, view.responses = stream, _by_reference, self.responses
+        view.sends_by_reference = _by_reference
         return view
 
     def __getattr__(self, method: str) -> Any:
@@ -90,7 +93,7 @@ class FakeHandle:
 
         class Method:
             def remote(self, *args: Any) -> FakeResponse:
-                response = FakeResponse(handle.outcome, handle.by_reference)
+                response = FakeResponse(handle.outcome, handle.sends_by_reference)
                 handle.responses.append((method, response))
                 return response
 
@@ -262,6 +265,23 @@ def test_unary_calls_use_a_loop_bound_handle_on_the_first_loop_only(
     assert made == [shared]  # one loop-bound handle, made once
     assert asyncio.run(twice()) == ["shared", "shared"]  # another loop
     assert len(bound.responses) == 2 and len(shared.responses) == 2
+
+
+async def test_both_transports_on_the_owning_loop_share_one_loop_bound_handle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A small pooling call (gRPC) and a large one (object references) differ only in an
+    option of the one loop-bound handle: the gateway holds one extra router per head."""
+    shared, bound = FakeHandle("shared"), FakeHandle(None)
+    made: list[Any] = []
+    monkeypatch.setattr(head_client, "_loop_bound", lambda h: made.append(h) or bound)
+    client = RayHeadClient("emb", shared)
+    await client.embed(EmbedHeadRequest("small", texts=["x"]))
+    await client.embed(EmbedHeadRequest("large", texts=["x"] * 65))
+    await client.embed(EmbedHeadRequest("small", texts=["y"]))
+    assert made == [shared]
+    assert [r.by_reference for _, r in bound.responses] == [False, True, False]
+    assert not shared.responses
 
 
 @pytest.mark.parametrize("outcome", [HANG, ray_exceptions.ActorDiedError(), None])
