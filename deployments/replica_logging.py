@@ -12,6 +12,13 @@ format (component, replica id, request id). Outside a Serve replica (tests,
 scripts) they go to stderr. ``GATEWAY_LOG_LEVEL`` changes the level of ours
 (default INFO), ``VLLM_LOGGING_LEVEL`` vLLM's.
 
+Serve also writes one access line per request ("CALL embed OK 98.1ms") to the replica's
+stderr, which Ray's log monitor reads back and ships through the GCS to the driver's terminal:
+about 2 ms of CPU per request in those three processes (bench/RESULTS.md, 2026-11-27
+11:40), taken from the engines under load. ``configure_replica_logging`` keeps access lines
+out of the stderr stream; they stay in the replica's log file and the dashboard.
+``GATEWAY_CONSOLE_ACCESS_LOG=1`` keeps them on the terminal too.
+
 vLLM is told not to apply its own ``logging.config.dictConfig`` in a replica
 (``deployments/vllm_start.py``): ``dictConfig`` closes every handler of
 the process, Serve's file handler included, which left the replica log at one
@@ -59,6 +66,26 @@ def _handler() -> logging.Handler:
     return handler
 
 
+def _not_an_access_line(record: logging.LogRecord) -> bool:
+    return not getattr(record, "serve_access_log", False)
+
+
+def _quiet_console_access_lines() -> None:
+    """Serve's stderr handler drops its access lines (module docstring); its file keeps them.
+
+    Serve makes new handlers when a replica's logging config is changed in place; the
+    access lines then reach the terminal again until the replica restarts.
+    """
+    if os.environ.get("GATEWAY_CONSOLE_ACCESS_LOG", "") in {"1", "true", "yes"}:
+        return
+    for handler in logging.getLogger(SERVE_LOGGER).handlers:
+        plain_stream = isinstance(handler, logging.StreamHandler) and not isinstance(
+            handler, logging.FileHandler
+        )
+        if plain_stream and _not_an_access_line not in handler.filters:
+            handler.addFilter(_not_an_access_line)
+
+
 def vllm_logging_config() -> Any:
     """The ``LoggingConfig`` every vLLM engine in a replica starts with: no ``dictConfig``.
 
@@ -82,3 +109,4 @@ def configure_replica_logging() -> None:
             handler._gateway_replica = True  # type: ignore[attr-defined]
             logger.addHandler(handler)
         logger.propagate = False  # the root logger would print a second copy where it has a handler
+    _quiet_console_access_lines()

@@ -62,7 +62,9 @@ class UnitHeadService:
         usage: UsageQuantities | None = None
         try:
             try:
-                reply = await asyncio.wait_for(call(), timeout=timeout_s)
+                # A timeout scope, not ``wait_for``: no second task and loop turn per call.
+                async with asyncio.timeout(timeout_s):
+                    reply = await call()
             except TimeoutError:
                 raise UpstreamTimeoutError(
                     f"Model '{meta.model.id}' did not answer within {timeout_s:g} s."

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import logging.handlers
 from collections.abc import Iterator
@@ -78,3 +79,59 @@ def test_in_a_serve_replica_records_reach_the_replica_log_file(
     text = log_file.read_text()
     assert "head ready" in text and "engine up" in text
     assert "head ready" not in capsys.readouterr().err
+
+
+@pytest.fixture
+def serve_handlers(tmp_path: Path) -> Iterator[tuple[io.StringIO, Path, logging.Handler]]:
+    """Serve's replica logger as Serve sets it up: stderr stream, buffered file."""
+    serve_logger = logging.getLogger(SERVE_LOGGER)
+    saved, saved_level = serve_logger.handlers[:], serve_logger.level
+    console = io.StringIO()
+    stream = logging.StreamHandler(console)
+    log_file = tmp_path / "replica_gateway_pooling-x_abc.log"
+    file_handler = logging.FileHandler(log_file)
+    serve_logger.handlers[:] = [stream, logging.handlers.MemoryHandler(1, target=file_handler)]
+    serve_logger.setLevel(logging.INFO)
+    try:
+        yield console, log_file, file_handler
+    finally:
+        serve_logger.handlers[:] = saved
+        serve_logger.setLevel(saved_level)
+        file_handler.close()
+
+
+def _serve_lines(file_handler: logging.Handler) -> None:
+    serve_logger = logging.getLogger(SERVE_LOGGER)
+    serve_logger.info("CALL embed OK 98.1ms", extra={"serve_access_log": True})
+    serve_logger.info("replica ready")
+    file_handler.flush()
+
+
+def test_access_lines_stay_off_the_console_but_in_the_file(
+    clean_loggers: None,
+    serve_handlers: tuple[io.StringIO, Path, logging.Handler],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("GATEWAY_CONSOLE_ACCESS_LOG", raising=False)
+    console, log_file, file_handler = serve_handlers
+    configure_replica_logging()
+    configure_replica_logging()  # a second deployment in the same worker: one filter
+    stream = logging.getLogger(SERVE_LOGGER).handlers[0]
+    assert len(stream.filters) == 1
+    _serve_lines(file_handler)
+    assert "replica ready" in console.getvalue()
+    assert "CALL embed" not in console.getvalue()
+    text = log_file.read_text()
+    assert "CALL embed OK 98.1ms" in text and "replica ready" in text
+
+
+def test_the_console_keeps_access_lines_when_asked(
+    clean_loggers: None,
+    serve_handlers: tuple[io.StringIO, Path, logging.Handler],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GATEWAY_CONSOLE_ACCESS_LOG", "1")
+    console, _log_file, file_handler = serve_handlers
+    configure_replica_logging()
+    _serve_lines(file_handler)
+    assert "CALL embed OK 98.1ms" in console.getvalue()
