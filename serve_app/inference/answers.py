@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import pydantic_core
 
 JSON = "application/json"
@@ -35,6 +36,11 @@ class Body:
         UTF-8 (non-ASCII characters as they are), NaN refused."""
         return cls(dumps(payload), dict(headers or {}), status_code)
 
+    @classmethod
+    def json_with_vectors(cls, payload: Any) -> Body:
+        """``payload`` holding float32 numpy arrays (embeddings), written by ``dumps_vectors``."""
+        return cls(dumps_vectors(payload))
+
 
 def dumps(payload: Any) -> bytes:
     """Compact UTF-8 JSON of plain values; NaN and infinities refused (``ValueError``).
@@ -55,6 +61,21 @@ def dumps(payload: Any) -> bytes:
             payload, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
         ).encode("utf-8")
     return content
+
+
+def dumps_vectors(payload: Any) -> bytes:
+    """Compact UTF-8 JSON of plain values and float32 numpy arrays; every array must be finite.
+
+    orjson writes each float32 as the shortest decimal that reads back as that same float32
+    (``0.0063856714``, as OpenAI's API writes its vectors). Widening to Python floats first,
+    as ``dumps`` must, writes 17 digits of the float64 widening (``0.006385671440511942``):
+    the same float32 once read, in 70% more bytes. For 16 x 384 values: 76 against 129 kB,
+    0.15 against 0.53 ms to write, and 0.6 against 1.7 ms for a Python client to parse
+    (bench/RESULTS.md, "2026-11-27 11:05-12:30"). orjson writes NaN and infinities as
+    ``null``, so the caller checks the arrays first and sends the others to ``dumps``, which
+    refuses them.
+    """
+    return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 @dataclass(frozen=True)

@@ -55,9 +55,11 @@ class UnitHeadService:
         usage_of: Callable[[Result], UsageQuantities],
         *,
         reserve_tokens: int = 0,
+        check: Callable[[Result], None] | None = None,
     ) -> Result:
         """Admit, call the head within ``timeout_s``, then bill ``usage_of`` the result
-        (or release the reservation unbilled) once."""
+        (or release the reservation unbilled) once. ``check`` raises on a reply the head
+        should not have sent (a 502, unbilled)."""
         ticket = await self.usage.admit(meta, reserve_tokens)
         usage: UsageQuantities | None = None
         try:
@@ -74,6 +76,8 @@ class UnitHeadService:
             self.readiness.note_answering(meta.model.id)
             if not isinstance(reply, result_type):
                 raise TypeError(f"head returned {type(reply).__name__}")
+            if check is not None:
+                check(reply)
             usage = usage_of(reply)
             return reply
         finally:

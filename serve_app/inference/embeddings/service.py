@@ -4,19 +4,22 @@ The order of checks is the other unit routes': catalog (404/403, 400 for a model
 another route serves, naming it) -> request rules (input shapes and bounds,
 ``dimensions``; ``inputs.py``) -> readiness (503 ``model_warming`` while the head
 wakes) -> limits (429; the reservation is the inputs' estimated tokens) -> head call
-(502/503, 504 on timeout) -> one usage record of the input tokens the model counted,
-at the model's ``input_per_mtok``; the reservation is settled to that count.
-The head answers vectors as float32 bytes, which become the ``base64`` strings as
-they are, or numbers for ``float`` (docs/api.md, "Embeddings, rerank and score").
+(502/503, 504 on timeout; 502 too for a reply that does not fit the request: a
+wrong count, a NaN) -> one usage record of the input tokens the model counted, at the
+model's ``input_per_mtok``; the reservation is settled to that count. The head
+answers vectors as float32 bytes, which become the ``base64`` strings as they are,
+or numbers for ``float``, each float32 in its shortest decimal form (docs/api.md,
+"Embeddings, rerank and score").
 """
 
 from __future__ import annotations
 
 import base64
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -47,7 +50,7 @@ from serve_app.protocol.embeddings import (
     ScoreRequest,
     ScoreResponse,
 )
-from serve_app.protocol.errors import InvalidRequestError
+from serve_app.protocol.errors import InvalidRequestError, UpstreamError
 
 Pooled = TypeVar("Pooled", EmbedHeadResult, ScoreHeadResult)
 
@@ -98,23 +101,14 @@ class EmbeddingService(UnitHeadService):
             lambda: client.embed(request),
             EmbedHeadResult,
             _first_answer_s(client),
+            check=_vectors_check(inputs.count),
         )
-        if result.dimensions * inputs.count * 4 != len(result.vectors):
-            raise TypeError("the head's vectors do not match the inputs")
         rows = np.frombuffer(result.vectors, dtype=VECTOR_DTYPE).reshape(inputs.count, -1)
-        as_base64 = body.encoding_format == "base64"
-        data = [
-            {
-                "object": "embedding",
-                "index": i,
-                "embedding": base64.b64encode(row.tobytes()).decode()
-                if as_base64
-                else row.tolist(),
-            }
-            for i, row in enumerate(rows)
-        ]
-        usage = _usage(result.prompt_tokens)
-        return Body.json({"object": "list", "data": data, "model": model.id, "usage": usage})
+        tokens = result.prompt_tokens
+        if body.encoding_format == "base64":
+            packed = [base64.b64encode(row.tobytes()).decode() for row in rows]
+            return Body.json(_embedding_list(model.id, packed, tokens))
+        return Body.json_with_vectors(_embedding_list(model.id, list(rows), tokens))
 
     async def rerank(self, body: RerankRequest, principal: Principal) -> Body:
         model = self._resolve(body.model, principal, "score", "/v1/rerank")
@@ -207,9 +201,8 @@ class EmbeddingService(UnitHeadService):
             lambda: client.score(request),
             ScoreHeadResult,
             _first_answer_s(client),
+            check=_scores_check(len(documents)),
         )
-        if len(result.scores) != len(documents):
-            raise TypeError("the head's scores do not match the documents")
         return _Scored(request.request_id, result.scores, result.prompt_tokens)
 
     async def _call(
@@ -222,6 +215,7 @@ class EmbeddingService(UnitHeadService):
         call: Callable[[], Awaitable[object]],
         result_type: type[Pooled],
         wake_s: float | None = None,
+        check: Callable[[Pooled], None] | None = None,
     ) -> Pooled:
         """``wake_s``: a longer allowance the client asks for (a dedicated call that boots
         a replica from zero waits for that boot)."""
@@ -234,6 +228,7 @@ class EmbeddingService(UnitHeadService):
             result_type,
             _input_tokens,
             reserve_tokens=inputs.estimated_tokens(window),
+            check=check,
         )
 
 
@@ -244,6 +239,27 @@ class _Scored:
     prompt_tokens: int
 
 
+def _vectors_check(count: int) -> Callable[[EmbedHeadResult], None]:
+    """A head's vectors must be ``count`` rows of finite float32 (``dumps_vectors`` would
+    write a NaN as ``null``); anything else is the head's fault: 502, not billed."""
+
+    def check(result: EmbedHeadResult) -> None:
+        if result.dimensions * count * 4 != len(result.vectors):
+            raise UpstreamError("The model's head answered vectors that do not match the inputs.")
+        if not np.isfinite(np.frombuffer(result.vectors, dtype=VECTOR_DTYPE)).all():
+            raise UpstreamError("The model answered a vector that is not finite (NaN or infinity).")
+
+    return check
+
+
+def _scores_check(count: int) -> Callable[[ScoreHeadResult], None]:
+    def check(result: ScoreHeadResult) -> None:
+        if len(result.scores) != count or not all(math.isfinite(s) for s in result.scores):
+            raise UpstreamError("The model's head answered scores that do not match the inputs.")
+
+    return check
+
+
 def _first_answer_s(client: PoolingClient) -> float | None:
     wait = getattr(client, "first_event_s", None)
     return wait if isinstance(wait, int | float) else None
@@ -252,6 +268,12 @@ def _first_answer_s(client: PoolingClient) -> float | None:
 def _input_tokens(result: EmbedHeadResult | ScoreHeadResult) -> UsageQuantities:
     """Pooling routes bill the input tokens the model counted (nothing is generated)."""
     return UsageQuantities(prompt_tokens=result.prompt_tokens)
+
+
+def _embedding_list(model_id: str, vectors: list[Any], prompt_tokens: int) -> dict[str, Any]:
+    """OpenAI's answer; ``vectors`` in input order (strings, lists or float32 arrays)."""
+    data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
+    return {"object": "list", "data": data, "model": model_id, "usage": _usage(prompt_tokens)}
 
 
 def _usage(prompt_tokens: int) -> dict[str, int]:

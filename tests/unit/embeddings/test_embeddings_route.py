@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 from typing import Any
 
 import httpx
@@ -11,6 +12,7 @@ import pytest
 
 from tests.fakes.scripted_pooling import ScriptedPoolingEngine, words
 from tests.fixtures.gateway import GatewayHarness
+from tests.unit.audio.conftest import ledger_records
 from tests.unit.embeddings.conftest import EMBED, MATRYOSHKA, RERANKER, PoolingFactory
 
 TEXTS = ["the cat sat on the mat", "a cat on a mat", "stock markets fell today"]
@@ -37,6 +39,44 @@ async def test_float_vectors_in_input_order_with_usage(pool_gw: GatewayHarness) 
         assert item["embedding"] == pytest.approx(expected(text).tolist(), abs=1e-6)
     tokens = sum(len(words(t)) + 2 for t in TEXTS)
     assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+
+
+async def test_float_vectors_are_the_float32_values_in_their_shortest_form(
+    pool_gw: GatewayHarness,
+) -> None:
+    """Read back as float32 each number is the model's value exactly; none carries the
+    17 digits of a float64 widening (at most 9 significant digits, the float32 bound)."""
+    resp = await post(pool_gw, {"model": EMBED, "input": TEXTS})
+    assert resp.status_code == 200
+    for item, text in zip(resp.json()["data"], TEXTS, strict=True):
+        assert np.array_equal(np.array(item["embedding"], dtype=np.float32), expected(text))
+    numbers = re.findall(r"-?\d+\.\d+(?:e-?\d+)?", resp.text.split('"usage"')[0])
+    assert numbers
+    digits = [len(n.split("e")[0].lstrip("-").replace(".", "").lstrip("0")) for n in numbers]
+    assert max(digits) <= 9
+
+
+async def test_a_vector_that_is_not_finite_is_not_sent_as_null(
+    pool_gw: GatewayHarness,
+    pooling_heads: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broken model's NaN is the head's fault (502, unbilled), never a ``null``."""
+    engine = pooling_heads[EMBED].core.engine
+    real = engine.embed
+
+    async def broken(request: Any) -> Any:
+        result = await real(request)
+        rows = np.frombuffer(result.vectors, dtype=np.float32).copy()
+        rows[3] = np.nan
+        result.vectors = rows.tobytes()
+        return result
+
+    monkeypatch.setattr(engine, "embed", broken)
+    resp = await post(pool_gw, {"model": EMBED, "input": TEXTS})
+    assert (resp.status_code, resp.json()["error"]["code"]) == (502, "upstream_error")
+    assert "not finite" in resp.json()["error"]["message"]
+    assert await ledger_records(pool_gw, "alice") == []
 
 
 async def test_base64_is_the_float32_bytes_of_the_same_vectors(pool_gw: GatewayHarness) -> None:
