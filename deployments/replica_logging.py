@@ -14,8 +14,8 @@ scripts) they go to stderr. ``GATEWAY_LOG_LEVEL`` changes the level of ours
 
 Serve also writes one access line per request ("CALL embed OK 98.1ms") to the replica's
 stderr, which Ray's log monitor reads back and ships through the GCS to the driver's terminal:
-about 2 ms of CPU per request in those three processes (bench/RESULTS.md, 2026-11-27
-11:40), taken from the engines under load. ``configure_replica_logging`` keeps access lines
+about 2 ms of CPU per request in those three processes (bench/RESULTS.md, "2026-11-27
+11:05-12:30"), taken from the engines under load. ``configure_replica_logging`` keeps access lines
 out of the stderr stream; they stay in the replica's log file and the dashboard.
 ``GATEWAY_CONSOLE_ACCESS_LOG=1`` keeps them on the terminal too.
 

@@ -72,8 +72,8 @@ def dumps_vectors(payload: Any) -> bytes:
     the same float32 once read, in 70% more bytes. For 16 x 384 values: 76 against 129 kB,
     0.15 against 0.53 ms to write, and 0.6 against 1.7 ms for a Python client to parse
     (bench/RESULTS.md, "2026-11-27 11:05-12:30"). orjson writes NaN and infinities as
-    ``null``, so the caller checks the arrays first and sends the others to ``dumps``, which
-    refuses them.
+    ``null``, so the caller refuses arrays that are not finite before it gets here (the
+    embeddings service answers them 502, unbilled).
     """
     return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
 

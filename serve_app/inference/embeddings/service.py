@@ -253,9 +253,11 @@ def _vectors_check(count: int) -> Callable[[EmbedHeadResult], None]:
 
 
 def _scores_check(count: int) -> Callable[[ScoreHeadResult], None]:
+    """One finite score per document, or the head's fault: 502, not billed."""
+
     def check(result: ScoreHeadResult) -> None:
         if len(result.scores) != count or not all(math.isfinite(s) for s in result.scores):
-            raise UpstreamError("The model's head answered scores that do not match the inputs.")
+            raise UpstreamError("The model's head did not answer one finite score per document.")
 
     return check
 
