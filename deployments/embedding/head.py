@@ -20,6 +20,7 @@ from deployments.replica_counters import ReplicaCounters
 from deployments.replica_logging import configure_replica_logging
 from serve_app.contract.dedicated import ReplicaStats
 from serve_app.contract.embedding import (
+    ONE_ITEM_STREAM_METHODS,
     EmbedHeadReply,
     EmbedHeadRequest,
     EmbedHeadResult,
@@ -83,6 +84,7 @@ class PoolingHead(EngineHead):
     """Ray Serve replica hosting one pooling engine; the engine comes from a factory."""
 
     core: PoolingHeadCore
+    one_item_streams = ONE_ITEM_STREAM_METHODS
 
     async def __init__(  # type: ignore[misc]  # Ray Serve awaits async constructors
         self, model_id: str, backend: str, engine_config: dict[str, Any], peers: Any = None

@@ -17,6 +17,14 @@ from serve_app.contract.errors import HeadFailure
 VECTOR_DTYPE = "<f4"
 """numpy dtype of ``EmbedHeadResult.vectors``: little-endian float32 (OpenAI's base64)."""
 
+ONE_ITEM_STREAM = "answer_streamed"
+"""The head method that runs one of its unary methods (``embed``, ``score``) and yields
+its reply as the only item of a stream: ``answer_streamed(method, *args)``. Over Serve's
+gRPC transport a streamed item reaches the caller as soon as it is sent, where a unary
+reply is handed over only with the call's final status (docs/tuning.md, embeddings)."""
+ONE_ITEM_STREAM_METHODS = frozenset({"embed", "score"})
+"""The methods a pooling head answers through ``ONE_ITEM_STREAM``."""
+
 
 @dataclass
 class EmbedHeadRequest:

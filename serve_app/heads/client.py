@@ -50,6 +50,7 @@ from serve_app.contract.document import (
     ParseHeadRequest,
 )
 from serve_app.contract.embedding import (
+    ONE_ITEM_STREAM,
     EmbedHeadReply,
     EmbedHeadRequest,
     ScoreHeadReply,
@@ -149,7 +150,9 @@ class RayHeadClient:
     Serve's router thread: a call then crosses no thread on its way out or back. Only
     the loop that first called uses it (a Serve router is bound to one loop); a call
     from any other loop takes the shared handle. Small pooling calls also travel over
-    gRPC (``inline``); see ``pooling_fits_inline`` for why only small ones.
+    gRPC (``inline``; see ``pooling_fits_inline`` for why only small ones), read as a
+    stream of one reply (``ONE_ITEM_STREAM``): a unary gRPC reply reaches the caller only
+    with the call's final status, a streamed item as soon as it arrives.
     """
 
     def __init__(self, model_id: str, handle: Any) -> None:
@@ -160,7 +163,9 @@ class RayHeadClient:
         """The loop that called first: the one ``_bound``'s router runs on."""
         self._bound: Any = None
         self._inline: dict[bool, Any] = {}
-        """On the owning loop or not -> that loop's handle with the gRPC transport."""
+        """On the owning loop or not -> that loop's streaming handle on the gRPC transport."""
+        self._ending: set[asyncio.Task[None]] = set()
+        """Background reads of one-item streams' ends (a task needs a reference)."""
         self.forget_max_calls = FORGET_MAX_CALLS
         self.forget_settle_s = FORGET_SETTLE_S
 
@@ -189,13 +194,40 @@ class RayHeadClient:
 
     async def call(self, method: str, *args: Any, inline: bool = False) -> Any:
         """One unary call of ``method`` on the head: its plain reply. ``inline``: over
-        Serve's gRPC transport (the caller vouches the request and reply are small)."""
-        response = getattr(self._unary_handle(inline), method).remote(*args)
+        Serve's gRPC transport, read as a one-item stream (the caller vouches the request
+        and reply are small and the head streams ``method``: ``ONE_ITEM_STREAM``)."""
+        if inline:
+            return await self._call_streamed(method, *args)
+        response = getattr(self._unary_handle(False), method).remote(*args)
         try:
             return await response
         except BaseException as err:
             self._give_up(response, err)
             raise
+
+    async def _call_streamed(self, method: str, *args: Any) -> Any:
+        """The reply is returned as soon as it arrives; the stream's end (already on its
+        way) is read in the background, so Serve's router counts the call finished."""
+        stream = getattr(self._unary_handle(True), ONE_ITEM_STREAM).remote(method, *args)
+        items = stream.__aiter__()
+        try:
+            reply = await items.__anext__()
+        except StopAsyncIteration:
+            raise UpstreamError(f"Model '{self.model_id}' answered nothing.") from None
+        except BaseException as err:
+            self._give_up(stream, err)
+            raise
+        task = asyncio.get_running_loop().create_task(self._read_end(items))
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)
+        return reply
+
+    async def _read_end(self, items: AsyncIterator[Any]) -> None:
+        try:
+            async for _ in items:
+                logger.warning("head %s streamed a second reply; dropped", self.model_id)
+        except Exception as err:  # the reply was delivered; only the stream's end broke
+            logger.debug("head %s: end of a one-item stream: %s", self.model_id, err)
 
     def _unary_handle(self, inline: bool) -> Any:
         """One loop-bound handle (one router) per client; the transport is an option of it."""
@@ -208,7 +240,7 @@ class RayHeadClient:
             return base
         handle = self._inline.get(owned)
         if handle is None:
-            handle = self._inline[owned] = base.options(_by_reference=False)
+            handle = self._inline[owned] = base.options(stream=True, _by_reference=False)
         return handle
 
     def _give_up(self, response: Any, err: BaseException) -> None:

@@ -40,11 +40,19 @@ LONG = head_client.INLINE_MAX_CHARS
 class FakeResponse:
     """A ``DeploymentResponse`` or ``DeploymentResponseGenerator`` stand-in."""
 
-    def __init__(self, outcome: Any, by_reference: bool = True) -> None:
+    def __init__(
+        self, outcome: Any, by_reference: bool = True, streaming: bool = False, args: Any = ()
+    ) -> None:
         self.outcome = outcome
         self.cancelled = False
         self.by_reference = by_reference
         """The transport the call went over: Ray object references, or gRPC (False)."""
+        self.streaming = streaming
+        self.args = args
+        self.end = asyncio.Event()
+        """A one-item stream (a list outcome of one item) ends only once this is set."""
+        self.end.set()
+        self.ended = False
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -65,6 +73,8 @@ class FakeResponse:
             if isinstance(item, BaseException):
                 raise item
             yield item
+        await self.end.wait()
+        self.ended = True
 
 
 class FakeHandle:
@@ -93,7 +103,9 @@ class FakeHandle:
 
         class Method:
             def remote(self, *args: Any) -> FakeResponse:
-                response = FakeResponse(handle.outcome, handle.sends_by_reference)
+                response = FakeResponse(
+                    handle.outcome, handle.sends_by_reference, handle.streaming, args
+                )
                 handle.responses.append((method, response))
                 return response
 
@@ -121,6 +133,7 @@ KINDS: dict[str, Callable[[RayHeadClient], Awaitable[Any]]] = {
     "transcribe": lambda c: c.transcribe(TranscriptionHeadRequest("r", b"RIFF", "wav")),
     "detect": lambda c: c.detect(DetectHeadRequest("r", image=b"png")),
     "parse": lambda c: c.parse(ParseHeadRequest("r", image=b"png", max_new_tokens=8)),
+    "embed": lambda c: c.embed(EmbedHeadRequest("r", texts=["a short text"])),
 }
 
 FAILURES = {
@@ -170,7 +183,9 @@ async def test_every_head_kind_maps_a_ray_failure_the_same_way(kind: str, failur
     assert "m-1" in caught.value.message
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
     [(method, response)] = handle.responses
-    assert method == kind and response.cancelled
+    assert response.cancelled
+    streamed = ("answer_streamed", "embed")  # a small pooling call: the head's one-item stream
+    assert (method, response.args[0]) == streamed if kind == "embed" else method == kind
 
 
 async def test_a_gateway_error_raised_across_the_handle_keeps_its_fields() -> None:
@@ -238,8 +253,38 @@ async def test_small_pooling_calls_go_over_grpc_and_large_ones_by_reference(
     else:
         await client.score(request_)
     [(method, response)] = handle.responses
-    assert method == ("embed" if isinstance(request_, EmbedHeadRequest) else "score")
+    called = "embed" if isinstance(request_, EmbedHeadRequest) else "score"
+    if inline:  # read as the head's one-item stream of that method's reply
+        assert (method, response.args[0], response.streaming) == ("answer_streamed", called, True)
+    else:
+        assert (method, response.streaming) == (called, False)
     assert response.by_reference is not inline
+
+
+async def test_a_one_item_stream_answers_before_its_end_and_the_end_is_read_after() -> None:
+    """The reply goes back to the caller as soon as it arrives; the stream's end is read in
+    the background (Serve's router counts the call finished then), never cancelled."""
+    reply = object()
+    handle = FakeHandle([reply])
+    client = RayHeadClient("emb", handle)
+    handle.outcome = [reply]
+    call = asyncio.ensure_future(client.embed(EmbedHeadRequest("e", texts=["a"])))
+    await asyncio.sleep(0)
+    [(_, response)] = handle.responses
+    response.end.clear()  # the stream stays open after its one item
+    assert await asyncio.wait_for(call, 1) is reply
+    assert not response.ended
+    response.end.set()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert response.ended and not response.cancelled
+
+
+async def test_a_one_item_stream_that_ends_without_a_reply_is_a_502() -> None:
+    client = RayHeadClient("emb", FakeHandle([]))
+    with pytest.raises(GatewayError) as caught:
+        await client.embed(EmbedHeadRequest("e", texts=["a"]))
+    assert (caught.value.status_code, caught.value.code) == (502, "upstream_error")
 
 
 def test_unary_calls_use_a_loop_bound_handle_on_the_first_loop_only(
