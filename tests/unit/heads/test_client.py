@@ -218,10 +218,11 @@ async def test_a_stream_closed_before_its_end_cancels_the_head_call() -> None:
     assert response.cancelled
 
 
-async def test_a_call_the_gateway_stops_waiting_for_is_cancelled_on_the_head() -> None:
+@pytest.mark.parametrize("kind", ["transcribe", "embed"])  # unary; a one-item stream
+async def test_a_call_the_gateway_stops_waiting_for_is_cancelled_on_the_head(kind: str) -> None:
     handle = FakeHandle(HANG)
     with pytest.raises(TimeoutError):
-        await asyncio.wait_for(KINDS["transcribe"](RayHeadClient("stt", handle)), 0.05)
+        await asyncio.wait_for(KINDS[kind](RayHeadClient("m", handle)), 0.05)
     [(_, response)] = handle.responses
     assert response.cancelled
 
