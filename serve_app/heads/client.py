@@ -230,7 +230,8 @@ class RayHeadClient:
             logger.debug("head %s: end of a one-item stream: %s", self.model_id, err)
 
     def _unary_handle(self, inline: bool) -> Any:
-        """One loop-bound handle (one router) per client; the transport is an option of it."""
+        """One loop-bound handle (one router) per client; ``inline`` takes its streaming
+        view on the gRPC transport (``_call_streamed``), else the handle itself."""
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop, self._bound = loop, _loop_bound(self._handle)

@@ -268,7 +268,6 @@ async def test_a_one_item_stream_answers_before_its_end_and_the_end_is_read_afte
     reply = object()
     handle = FakeHandle([reply])
     client = RayHeadClient("emb", handle)
-    handle.outcome = [reply]
     call = asyncio.ensure_future(client.embed(EmbedHeadRequest("e", texts=["a"])))
     await asyncio.sleep(0)
     [(_, response)] = handle.responses
