@@ -6,7 +6,9 @@ validation, limits, metering and stream framing stay identical for own-fleet
 and external models; only the disclosure (``routing``) differs, added by the
 text service. The upstream is always called with ``stream: true`` and
 ``include_usage`` so usage is metered from the provider's own count, and a
-client that asked for JSON still gets one body.
+client that asked for JSON still gets one body. What is sent (an allow-list of
+fields) and the gateway's own count where the provider reports no usable usage
+are in ``serve_app.heads.external_request``.
 
 Retries happen only where no output can have been produced: a connection that
 never opened, or a 429/503 answer. Nothing is retried once a byte arrived.
@@ -31,9 +33,14 @@ from serve_app.contract.text import (
     HeadEvent,
     HeadRequest,
     HeadStarted,
-    PromptSpec,
     TextDelta,
     ToolCallDelta,
+)
+from serve_app.heads.external_request import (
+    estimate_prompt_tokens,
+    estimate_text_tokens,
+    upstream_request,
+    utf8_size,
 )
 from serve_app.protocol.errors import (
     GatewayError,
@@ -81,14 +88,16 @@ class ExternalHeadClient:
         return (self._environ.get(env) if env else None) or self.provider.base_url
 
     async def stream(self, request: HeadRequest) -> AsyncIterator[HeadEvent]:
-        path, body = upstream_body(request, self.provider.upstream_model)
+        upstream = upstream_request(request, self.provider.upstream_model)
+        prompt_estimate = estimate_prompt_tokens(request.prompts)
         yield HeadStarted(
-            prompt_tokens=estimate_prompt_tokens(request.prompts),
+            prompt_tokens=prompt_estimate,
             max_tokens=request.max_tokens or request.max_output_tokens,
+            ignored_params=upstream.ignored,
         )
         try:
-            async with self._open(path, body) as response:
-                async for event in _events(response, self.model_id):
+            async with self._open(upstream.path, upstream.body) as response:
+                async for event in _events(response, self.model_id, prompt_estimate):
                     yield event
         except GatewayError as err:
             yield HeadFailure.from_error(err)
@@ -238,77 +247,40 @@ def _clean(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
-def upstream_body(request: HeadRequest, upstream_model: str) -> tuple[str, dict[str, Any]]:
-    """The provider request for a validated head request (always streamed, with usage)."""
-    sampling = request.sampling
-    body: dict[str, Any] = {
-        "model": upstream_model,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "n": sampling.n,
-        **sampling.extra,
-    }
-    for name in ("temperature", "top_p", "seed", "frequency_penalty", "presence_penalty"):
-        if (value := getattr(sampling, name)) is not None:
-            body[name] = value
-    if sampling.stop:
-        body["stop"] = list(sampling.stop)
-    if request.max_tokens is not None:
-        body[request.max_tokens_param] = request.max_tokens
-    first = request.prompts[0]
-    if first.kind == "completion":
-        body["prompt"] = [p.prompt or "" for p in request.prompts]
-        return "/completions", body
-    body["messages"] = first.messages or []
-    if first.tools:
-        body["tools"] = first.tools
-        if first.tool_choice is not None:
-            body["tool_choice"] = first.tool_choice
-    kwargs = dict(first.chat_template_kwargs)
-    # Harmony grades (docs/reference/chat.md#reasoning-effort) travel in the template for our own
-    # heads; an OpenAI-compatible provider reads them as the top-level field.
-    effort = kwargs.pop("reasoning_effort", None)
-    if effort is not None:
-        body["reasoning_effort"] = effort
-    if kwargs:
-        body["chat_template_kwargs"] = kwargs
-    return "/chat/completions", body
+class _OwnCount:
+    """The gateway's own count of what a provider generated, per choice: its deltas (a
+    token each at least) and the UTF-8 bytes of its text, reasoning and tool calls."""
+
+    def __init__(self) -> None:
+        self.deltas: dict[int, int] = {}
+        self.sizes: dict[int, int] = {}
+
+    def add(self, index: int, *texts: str) -> None:
+        if any(texts):
+            self.deltas[index] = self.deltas.get(index, 0) + 1
+        self.sizes[index] = self.sizes.get(index, 0) + sum(utf8_size(t) for t in texts)
+
+    def tokens(self, index: int) -> int:
+        """Tokens of one choice so far: the larger of its deltas and its bytes' estimate."""
+        return max(self.deltas.get(index, 0), estimate_text_tokens(self.sizes.get(index, 0)))
+
+    def total(self) -> int:
+        return sum(self.tokens(index) for index in self.sizes)
 
 
-IMAGE_TOKEN_ESTIMATE = 1000
-"""Tokens reserved per image part before the provider counts (its base64 is not text)."""
-
-
-def estimate_prompt_tokens(prompts: list[PromptSpec]) -> int:
-    """About four characters of text per token, plus a flat amount per image: enough
-    to reserve limits before the provider's own count settles them."""
-    chars = 0
-    images = 0
-    for prompt in prompts:
-        chars += len(prompt.prompt or "")
-        for message in prompt.messages or []:
-            content = message.get("content")
-            if isinstance(content, str):
-                chars += len(content)
-            elif isinstance(content, list):
-                for part in content:
-                    if isinstance(part, dict) and part.get("type") == "image_url":
-                        images += 1
-                    elif isinstance(part, dict):
-                        chars += len(str(part.get("text") or ""))
-    return max(1, chars // 4 + images * IMAGE_TOKEN_ESTIMATE)
-
-
-async def _events(response: httpx.Response, model_id: str) -> AsyncIterator[HeadEvent]:
+async def _events(
+    response: httpx.Response, model_id: str, prompt_estimate: int
+) -> AsyncIterator[HeadEvent]:
     """Provider SSE chunks -> head events; tool-call fragments are joined per call.
 
     A provider that ignores ``stream: true`` and answers one JSON body is read as
     a stream of one chunk. Anything else that is not the chunk format is the
-    provider's failure (502), never ours (500).
+    provider's failure (502), never ours (500). The last event is the usage: the
+    provider's where it is usable, else the gateway's own count (``_settled``).
     """
-    tokens: dict[int, int] = {}
+    counted = _OwnCount()
     calls: dict[tuple[int, int], dict[str, str]] = {}
-    done: GenerationDone | None = None
+    reported: dict[str, Any] | None = None
     media_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type == "application/json":
         whole = await read_capped(response, _WHOLE_BODY_BYTES)
@@ -322,13 +294,13 @@ async def _events(response: httpx.Response, model_id: str) -> AsyncIterator[Head
             detail = error.get("message") if isinstance(error, dict) else error
             raise UpstreamError(f"The provider failed mid-stream: {_clean(str(detail))[:500]}")
         if isinstance(chunk.get("usage"), dict):
-            done = _usage(chunk["usage"])
+            reported = chunk["usage"]
         choices = chunk.get("choices")
         for choice in choices if isinstance(choices, list) else []:
-            delta = _delta(choice, tokens, calls) if isinstance(choice, dict) else None
+            delta = _delta(choice, counted, calls) if isinstance(choice, dict) else None
             if delta is not None:
                 yield delta
-    yield done or GenerationDone(prompt_tokens=0, completion_tokens=sum(tokens.values()))
+    yield _settled(reported or {}, counted, prompt_estimate)
 
 
 async def _sse_chunks(response: httpx.Response, model_id: str) -> AsyncIterator[dict[str, Any]]:
@@ -368,7 +340,7 @@ def _as_chunk(data: str, model_id: str) -> dict[str, Any]:
 
 
 def _delta(
-    choice: dict[str, Any], tokens: dict[int, int], calls: dict[tuple[int, int], dict[str, str]]
+    choice: dict[str, Any], counted: _OwnCount, calls: dict[tuple[int, int], dict[str, str]]
 ) -> TextDelta | None:
     index = _index(choice.get("index"))
     delta = choice.get("delta")
@@ -383,12 +355,13 @@ def _delta(
         slot["id"] = _text(part.get("id")) or slot.get("id", "")
         function = part.get("function")
         function = function if isinstance(function, dict) else {}
-        slot["name"] += _text(function.get("name"))
-        slot["arguments"] += _text(function.get("arguments"))
+        name, arguments = _text(function.get("name")), _text(function.get("arguments"))
+        slot["name"] += name
+        slot["arguments"] += arguments
+        counted.add(index, name, arguments)
     finish = choice.get("finish_reason")
     finish = _text(finish) or None
-    if text or reasoning:
-        tokens[index] = tokens.get(index, 0) + 1
+    counted.add(index, text, reasoning)
     if not (text or reasoning or finish):
         return None
     finished_calls = [
@@ -402,7 +375,7 @@ def _delta(
         reasoning=reasoning,
         tool_calls=finished_calls,
         finish_reason=finish,
-        completion_tokens=tokens.get(index, 0),
+        completion_tokens=counted.tokens(index),
     )
 
 
@@ -429,16 +402,24 @@ def _count(value: Any) -> int | None:
     return min(max(0, value), _MAX_COUNT)
 
 
-def _usage(usage: dict[str, Any]) -> GenerationDone:
+def _settled(usage: dict[str, Any], counted: _OwnCount, prompt_estimate: int) -> GenerationDone:
+    """The usage a call is billed at: the provider's counts where they can be billed, the
+    gateway's own (``prompt_estimate``, ``counted``) where they are missing, not numbers, or
+    0 for something that was there (a prompt is never empty; generated text is never free).
+    """
     prompt_details = usage.get("prompt_tokens_details")
     completion_details = usage.get("completion_tokens_details")
     cached = prompt_details.get("cached_tokens") if isinstance(prompt_details, dict) else None
     reasoning = (
         completion_details.get("reasoning_tokens") if isinstance(completion_details, dict) else None
     )
+    own_completion = counted.total()
+    completion = _count(usage.get("completion_tokens"))
+    if completion is None or (completion == 0 and own_completion > 0):
+        completion = own_completion
     return GenerationDone(
-        prompt_tokens=_count(usage.get("prompt_tokens")) or 0,
-        completion_tokens=_count(usage.get("completion_tokens")) or 0,
+        prompt_tokens=_count(usage.get("prompt_tokens")) or prompt_estimate,
+        completion_tokens=completion,
         cached_tokens=_count(cached),
         reasoning_tokens=_count(reasoning),
     )

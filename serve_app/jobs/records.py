@@ -43,6 +43,19 @@ def valid_job_id(value: str) -> bool:
     return _JOB_ID.fullmatch(value) is not None
 
 
+@dataclass(frozen=True)
+class JobOwner:
+    """Whose jobs a caller sees: the user *in the organization the job was made in*.
+
+    One user may hold keys in several organizations; a job made under one
+    organization's key is that organization's (it is billed there), so the same user
+    calling with another organization's key finds it missing (docs/api.md#tenant-isolation).
+    """
+
+    user_id: str
+    org_id: str
+
+
 def _aware(value: Any) -> Any:
     """SQLite returns naive datetimes; every stored time is UTC."""
     if isinstance(value, datetime) and value.tzinfo is None:

@@ -41,6 +41,7 @@ from serve_app.jobs.records import (
     QUEUED,
     RUNNING,
     UNFINISHED,
+    JobOwner,
     VideoJob,
     usage_record,
 )
@@ -106,35 +107,35 @@ class JobStore:
             conn.execute(sa.insert(video_jobs).values(**job.to_row()))
             return True
 
-    def get(self, job_id: str, user_id: str | None = None) -> VideoJob | None:
-        """The job, or None when it does not exist or (with ``user_id``) is not theirs."""
+    def get(self, job_id: str, owner: JobOwner | None = None) -> VideoJob | None:
+        """The job, or None when it does not exist or (with ``owner``) is not theirs."""
         query = sa.select(video_jobs).where(c.id == job_id)
-        if user_id is not None:
-            query = query.where(c.user_id == user_id)
+        if owner is not None:
+            query = query.where(*_owned_by(owner))
         with self._db.connect() as conn:
             row = conn.execute(query).mappings().first()
         return None if row is None else VideoJob.from_row(row)
 
-    def list_recent(self, user_id: str, limit: int) -> list[VideoJob]:
-        """The user's ``limit`` most recent jobs, newest first."""
+    def list_recent(self, owner: JobOwner, limit: int) -> list[VideoJob]:
+        """The owner's ``limit`` most recent jobs, newest first."""
         query = (
             sa.select(video_jobs)
-            .where(c.user_id == user_id)
+            .where(*_owned_by(owner))
             .order_by(c.created_at.desc(), c.id.desc())
             .limit(limit)
         )
         with self._db.connect() as conn:
             return [VideoJob.from_row(r) for r in conn.execute(query).mappings()]
 
-    def cancel(self, job_id: str, user_id: str) -> VideoJob | None:
-        """Cancel the user's job if it is unfinished; returns it as it is now."""
+    def cancel(self, job_id: str, owner: JobOwner) -> VideoJob | None:
+        """Cancel the owner's job if it is unfinished; returns it as it is now."""
         with self._write() as conn:
             conn.execute(
                 sa.update(video_jobs)
-                .where(c.id == job_id, c.user_id == user_id, c.status.in_(UNFINISHED))
+                .where(c.id == job_id, *_owned_by(owner), c.status.in_(UNFINISHED))
                 .values(status=CANCELLED, finished_at=self.now())
             )
-        return self.get(job_id, user_id)
+        return self.get(job_id, owner)
 
     # ---- the video head's worker ------------------------------------------------------
     def claim_next(self, model: str, worker: str) -> VideoJob | None:
@@ -258,6 +259,11 @@ class JobStore:
             return int(
                 conn.execute(query.values(status=FAILED, error=message, finished_at=now)).rowcount
             )
+
+
+def _owned_by(owner: JobOwner) -> tuple[sa.ColumnElement[bool], ...]:
+    """The conditions of a caller's own jobs: user *and* organization."""
+    return (c.user_id == owner.user_id, c.org_id == owner.org_id)
 
 
 def open_worker_stores() -> tuple[VideoJobStore[VideoJob], VideoObjectStore]:

@@ -11,12 +11,20 @@ proxy variables (``HTTP_PROXY``, ``ALL_PROXY``...: ``trust_env=False``), which
 would otherwise hand the request to a proxy that resolves and connects on its
 own. Userinfo in the URL is never sent. The body is read under a byte cap and
 the whole fetch, redirects included, under one deadline.
+
+The body is asked for uncompressed (``Accept-Encoding: identity``) and read as
+the bytes on the wire, capped *before* any decoding: a server that compresses
+anyway (``Content-Encoding: gzip`` or ``deflate``) is decoded here, in steps that
+never produce more than the cap, so a few kilobytes of gzip bomb cannot inflate to
+gigabytes in memory (the HTTP client's own decoder inflates each chunk whole). Any
+other encoding (``br``, ``zstd``, stacked encodings) fails the fetch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import zlib
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import SplitResult, urljoin, urlsplit
@@ -121,6 +129,7 @@ async def _hop(
         "Host": parts.netloc.rsplit("@", 1)[-1],
         "User-Agent": limits.user_agent,
         "Accept": limits.accept,
+        "Accept-Encoding": "identity",
     }
     extensions = {"sni_hostname": parts.hostname} if scheme == "https" else {}
     request = client.build_request("GET", pinned, headers=headers, extensions=extensions)
@@ -136,20 +145,89 @@ async def _hop(
 
 
 async def _read_capped(response: httpx.Response, limits: FetchLimits) -> bytes:
+    """The body, at most ``max_bytes`` as sent and at most ``max_bytes`` decoded."""
     cap = limits.max_bytes
     declared = response.headers.get("content-length")
     refuse = limits.oversize == "refuse"
     if refuse and declared and declared.isdigit() and int(declared) > cap:
-        raise OutboundError("too_large", f"the body is larger than {cap} bytes")
-    body = bytearray()
-    async for chunk in response.aiter_bytes():
-        body.extend(chunk)
-        if len(body) > cap:
+        raise _too_large(cap)
+    decoder = _BodyDecoder(response.headers.get("content-encoding", ""), cap)
+    received = 0
+    async for chunk in response.aiter_raw():  # the bytes as sent: nothing inflated yet
+        received += len(chunk)
+        if received > cap:
             if refuse:
-                raise OutboundError("too_large", f"the body is larger than {cap} bytes")
-            del body[cap:]
+                raise _too_large(cap)
+            chunk = chunk[: len(chunk) - (received - cap)]
+        decoder.feed(chunk)
+        if decoder.over:
+            if refuse:
+                raise _too_large(cap)
             break
-    return bytes(body)
+        if received >= cap:
+            break
+    return decoder.body()
+
+
+def _undecodable() -> OutboundError:
+    return OutboundError("failed", "failed (the body does not decompress)")
+
+
+def _too_large(cap: int) -> OutboundError:
+    return OutboundError("too_large", f"the body is larger than {cap} bytes")
+
+
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+"""zlib's window setting per content coding we decode (gzip framing, zlib framing)."""
+
+
+class _BodyDecoder:
+    """Raw body bytes -> the body, holding at most ``cap + 1`` decoded bytes (``over``
+    once there is more than ``cap``)."""
+
+    def __init__(self, content_encoding: str, cap: int) -> None:
+        codings = [c.strip().lower() for c in content_encoding.split(",")]
+        codings = [c for c in codings if c and c != "identity"]
+        if len(codings) > 1 or (codings and codings[0] not in _WBITS):
+            raise OutboundError("failed", "failed (an unsupported content encoding)")
+        self._coding = codings[0] if codings else None
+        self._cap = cap
+        self._out = bytearray()
+        self._inflater = zlib.decompressobj(_WBITS[self._coding]) if self._coding else None
+        self._started = False
+
+    @property
+    def over(self) -> bool:
+        return len(self._out) > self._cap
+
+    def body(self) -> bytes:
+        return bytes(self._out[: self._cap])
+
+    def feed(self, data: bytes) -> None:
+        if self._inflater is None:
+            self._out.extend(data[: self._cap + 1 - len(self._out)])
+            return
+        first, self._started = not self._started, True
+        try:
+            self._inflate(data)
+            return
+        except zlib.error:
+            if self._coding != "deflate" or not first:
+                raise _undecodable() from None
+        # "deflate" is zlib-framed by the standard, raw deflate from some servers.
+        self._inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+        try:
+            self._inflate(data)
+        except zlib.error:
+            raise _undecodable() from None
+
+    def _inflate(self, data: bytes) -> None:
+        assert self._inflater is not None
+        pending = data
+        while pending and not self.over and not self._inflater.eof:
+            # max_length bounds what one call may produce: the cap is never overshot.
+            self._out.extend(self._inflater.decompress(pending, self._cap + 1 - len(self._out)))
+            pending = self._inflater.unconsumed_tail
 
 
 async def vetted_address(host: str, port: int, guard: AddressGuard) -> str:

@@ -16,7 +16,8 @@ Reading a job reconciles it with the worker side before answering:
 
 A completed job's ``video.url`` is resolved afresh on every read (a new
 signature or presigned URL with a new expiry). Jobs belong to the user of the
-key: another user's job is a 404 with exactly the body of a missing one.
+key in the organization of the key: another user's job, or the same user's job made
+under another organization, is a 404 with exactly the body of a missing one.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from serve_app.jobs.records import (
     FAILED,
     QUEUED,
     RUNNING,
+    JobOwner,
     VideoJob,
     new_job_id,
     valid_job_id,
@@ -126,11 +128,11 @@ class VideoService:
         return self._json(job, base_url, status_code=202, headers=headers)
 
     async def list_recent(self, principal: Principal, base_url: str) -> Body:
-        user, limit = principal.user_id, self.options.list_limit
-        jobs = await asyncio.to_thread(self.jobs.list_recent, user, limit)
+        owner, limit = _owner(principal), self.options.list_limit
+        jobs = await asyncio.to_thread(self.jobs.list_recent, owner, limit)
         if any(self._needs_reconcile(j) for j in jobs):
-            await self._reconcile(user, jobs)
-            jobs = await asyncio.to_thread(self.jobs.list_recent, user, limit)
+            await self._reconcile(principal.user_id, jobs)
+            jobs = await asyncio.to_thread(self.jobs.list_recent, owner, limit)
         listing = VideoGenerationJobList(data=[self.view(j, base_url) for j in jobs])
         return Body.json(listing.model_dump(exclude_none=True))
 
@@ -146,7 +148,7 @@ class VideoService:
     async def cancel(self, job_id: str, principal: Principal, base_url: str) -> Body:
         if not valid_job_id(job_id):
             raise video_job_not_found(job_id)
-        job = await asyncio.to_thread(self.jobs.cancel, job_id, principal.user_id)
+        job = await asyncio.to_thread(self.jobs.cancel, job_id, _owner(principal))
         if job is None:
             raise video_job_not_found(job_id)
         return self._json(job, base_url)
@@ -247,7 +249,7 @@ class VideoService:
     async def _own(self, job_id: str, principal: Principal) -> VideoJob:
         job = None
         if valid_job_id(job_id):
-            job = await asyncio.to_thread(self.jobs.get, job_id, principal.user_id)
+            job = await asyncio.to_thread(self.jobs.get, job_id, _owner(principal))
         if job is None:
             raise video_job_not_found(job_id)
         return job
@@ -281,3 +283,8 @@ class VideoService:
         task = asyncio.get_running_loop().create_task(client.wake())
         self._pokes.add(task)
         task.add_done_callback(self._pokes.discard)
+
+
+def _owner(principal: Principal) -> JobOwner:
+    """The caller as a job owner: their user in the organization of their key."""
+    return JobOwner(user_id=principal.user_id, org_id=principal.org_id)

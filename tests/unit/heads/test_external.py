@@ -21,6 +21,20 @@ from tests.fixtures.gateway import CATALOG, GatewayHarness, HarnessFactory
 NOTICE = "Served by Example Provider outside our infrastructure."
 
 
+def _unmetered(base: dict[str, Any], usage: dict[str, Any] | None) -> list[str]:
+    """Sixteen bytes of text in two deltas, then ``usage`` (None: no usage chunk at all)."""
+    events = [
+        json.dumps({**base, "choices": [{"index": 0, "delta": {"content": word}}]})
+        for word in ("Bonjour", " le monde")
+    ]
+    events.append(
+        json.dumps({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    )
+    if usage is not None:
+        events.append(json.dumps({**base, "choices": [], "usage": usage}))
+    return [*events, "[DONE]"]
+
+
 def _upstream_app(calls: list[dict[str, Any]]) -> FastAPI:
     app = FastAPI()
     state = {"busy": 0}
@@ -98,6 +112,8 @@ def _upstream_app(calls: list[dict[str, Any]]) -> FastAPI:
             '{"choices": [], "usage": {"prompt_tokens": "many", "completion_tokens": 1e400}}',
             "[DONE]",
         ),
+        "no-usage": lambda: sse(*_unmetered(base, None)),
+        "zero-usage": lambda: sse(*_unmetered(base, {"prompt_tokens": 0, "completion_tokens": 0})),
         "ctx-refuses": lambda: JSONResponse(
             {
                 "error": {
@@ -162,7 +178,17 @@ def upstream() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     thread.join(timeout=5)
 
 
-_SCRIPTED = ("garbage", "list-chunk", "mid-error", "json-body", "details", "weird", "ctx-refuses")
+_SCRIPTED = (
+    "garbage",
+    "list-chunk",
+    "mid-error",
+    "json-body",
+    "details",
+    "weird",
+    "ctx-refuses",
+    "no-usage",
+    "zero-usage",
+)
 
 
 def _external(model_id: str, base_url: str, upstream_model: str, **extra: Any) -> dict[str, Any]:
@@ -398,7 +424,9 @@ async def test_nonsense_from_the_provider_is_not_a_server_error(gw: GatewayHarne
     async with gw.client(gw.keys["external"]) as http:
         resp = await http.post("/v1/chat/completions", json=_chat("ext-weird"))
     assert resp.json()["choices"][0]["message"]["content"] == "a?b"
-    assert resp.json()["usage"]["prompt_tokens"] == 0
+    # The provider's counts are no numbers: the gateway's own count bills the call ("hi": 2
+    # bytes -> 1 token, + 4 for the message; "a?b": 1 token).
+    assert resp.json()["usage"] == {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}
 
 
 async def test_legacy_completions_disclosed_in_three_places(
@@ -455,3 +483,91 @@ async def test_harmony_grade_reaches_the_provider_as_reasoning_effort(
     sent = upstream[1][-1]["body"]
     assert sent["reasoning_effort"] == "low"
     assert "chat_template_kwargs" not in sent
+
+
+async def _ledger_records(gw: GatewayHarness) -> list[Any]:
+    ledger = gw.app.state.gateway.text.metering.ledger
+    assert ledger is not None
+    await ledger.flush()
+    user = gw.store.get_user("bob")
+    assert user is not None
+    return list(ledger.store.records_for(user.id))
+
+
+@pytest.mark.parametrize("model", ["ext-no-usage", "ext-zero-usage"])
+async def test_an_answer_without_usable_usage_is_billed_from_our_own_count(
+    gw: GatewayHarness, model: str
+) -> None:
+    """docs/reference/common.md#external-models: a prompt of "hi" is 1 token by bytes / 4
+    plus 4 for its message; "Bonjour le monde" (16 bytes) is 4 tokens."""
+    expected = {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+    async with gw.client(gw.keys["external"]) as http:
+        whole = await http.post("/v1/chat/completions", json=_chat(model))
+        assert whole.status_code == 200
+        assert whole.json()["choices"][0]["message"]["content"] == "Bonjour le monde"
+        assert whole.json()["usage"] == expected
+        assert [(r.prompt_tokens, r.completion_tokens) for r in await _ledger_records(gw)][-1] == (
+            5,
+            4,
+        )
+        stream = await http.post(
+            "/v1/chat/completions",
+            json=_chat(model, stream=True, stream_options={"include_usage": True}),
+        )
+    assert [e["usage"] for e in _events(stream.text)[:-1] if e.get("usage")] == [expected]
+    record = (await _ledger_records(gw))[-1]
+    assert (record.model, record.prompt_tokens, record.completion_tokens) == (model, 5, 4)
+    assert record.cost == pytest.approx(5 * 3.0 / 1e6 + 4 * 6.0 / 1e6)
+
+
+_UNSAFE_FIELDS = {
+    "service_tier": "priority",
+    "store": True,
+    "metadata": {"k": "v"},
+    "prediction": {"type": "content", "content": "x"},
+    "logprobs": True,
+    "top_k": 5,
+    "safety_identifier": "someone",
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_only_known_fields_reach_the_provider(
+    gw: GatewayHarness, upstream: tuple[str, list[dict[str, Any]]], stream: bool
+) -> None:
+    honoured = {
+        "response_format": {"type": "text"},
+        "logit_bias": {"15": -100},
+        "parallel_tool_calls": False,
+    }
+    body = _chat("ext-good", stream=stream, temperature=0.5, **honoured, **_UNSAFE_FIELDS)
+    async with gw.client(gw.keys["external"]) as http:
+        resp = await http.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 200
+    sent = upstream[1][-1]["body"]
+    for name in _UNSAFE_FIELDS:
+        assert name not in sent
+    assert {k: sent[k] for k in honoured} == honoured
+    assert sent["temperature"] == 0.5 and sent["messages"] == body["messages"]
+    ignored = resp.headers["x-service-ignored-params"].split(", ")
+    assert ignored == sorted(_UNSAFE_FIELDS)
+
+
+async def test_only_known_fields_reach_the_provider_on_completions(
+    gw: GatewayHarness, upstream: tuple[str, list[dict[str, Any]]]
+) -> None:
+    body = {
+        "model": "ext-good",
+        "prompt": "say something",
+        "suffix": "!",
+        "best_of": 4,
+        "service_tier": "flex",
+        "store": True,
+    }
+    async with gw.client(gw.keys["external"]) as http:
+        resp = await http.post("/v1/completions", json=body)
+    assert resp.status_code == 200
+    sent = upstream[1][-1]["body"]
+    assert sent["suffix"] == "!"
+    assert not {"best_of", "service_tier", "store"} & set(sent)
+    assert resp.headers["x-service-ignored-params"] == "best_of, service_tier, store"

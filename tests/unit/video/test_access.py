@@ -36,6 +36,22 @@ async def test_someone_elses_job_is_exactly_a_missing_job(rig: VideoRig) -> None
     assert (await rig.job(job_id))["status"] == "queued"  # the foreign cancel changed nothing
 
 
+async def test_the_same_user_in_another_organization_sees_none_of_its_jobs(
+    rig: VideoRig,
+) -> None:
+    job_id = (await rig.create("user")).json()["id"]  # alice, in acme
+    rig.harness.keys["alice_elsewhere"] = rig.harness.store.create_key("alice", "other-org")
+    async with rig.client("alice_elsewhere") as http:
+        got = await http.get(f"/v1/video/generations/{job_id}")
+        cancelled = await http.post(f"/v1/video/generations/{job_id}/cancel")
+        listed = (await http.get("/v1/video/generations")).json()
+    for response in (got, cancelled):
+        assert response.status_code == 404
+        assert response.json() == video_job_not_found(job_id).envelope()
+    assert listed == {"object": "list", "data": []}
+    assert (await rig.job(job_id))["status"] == "queued"  # acme's key still sees it, uncancelled
+
+
 @pytest.mark.parametrize(
     "job_id",
     [

@@ -10,19 +10,25 @@ import pytest
 
 from serve_app.billing.store import LedgerStore
 from serve_app.catalog.config import PricingConfig
-from serve_app.jobs.records import QUEUED, VideoJob, new_job_id
+from serve_app.jobs.records import QUEUED, JobOwner, VideoJob, new_job_id
 from serve_app.jobs.store import JobStore
 from serve_app.storage.db import Database
 
 PRICING = PricingConfig(per_video_second=0.02).model_dump_json()
 
 
-def job_for(user: str, model: str = "m", created_at: datetime | None = None) -> VideoJob:
+def _in_org(user: str, org: str = "org") -> JobOwner:
+    return JobOwner(user_id=user, org_id=org)
+
+
+def job_for(
+    user: str, model: str = "m", created_at: datetime | None = None, org: str = "org"
+) -> VideoJob:
     return VideoJob(
         id=new_job_id(),
         user_id=user,
         key_id=f"key-{user}",
-        org_id="org",
+        org_id=org,
         model=model,
         status=QUEUED,
         prompt="a cat",
@@ -77,7 +83,7 @@ def test_the_cap_holds_under_concurrent_creates(replicas: list[Database]) -> Non
         attempts, lambda i: stores[i % len(stores)].create(job_for("alice"), 2, 60)
     )
     assert created.count(True) == 2
-    assert len(stores[0].list_recent("alice", 50)) == 2
+    assert len(stores[0].list_recent(_in_org("alice"), 50)) == 2
     # Other users have their own cap, also under contention.
     others = run_together(6, lambda i: stores[i % 3].create(job_for(f"user{i % 2}"), 2, 60))
     assert others.count(True) == 4
@@ -88,7 +94,7 @@ def test_finished_jobs_free_the_cap(db: Database) -> None:
     first, second = job_for("alice"), job_for("alice")
     assert store.create(first, 2, 60) and store.create(second, 2, 60)
     assert not store.create(job_for("alice"), 2, 60)
-    cancelled = store.cancel(first.id, "alice")
+    cancelled = store.cancel(first.id, _in_org("alice"))
     assert cancelled is not None and cancelled.status == "cancelled"
     assert store.create(job_for("alice"), 2, 60)
 
@@ -122,7 +128,7 @@ def test_completion_bills_once_and_only_for_the_claiming_worker(db: Database) ->
     assert (record.route, record.video_seconds, record.per_video_second) == ("video", 2.0, 0.02)
     assert record.cost == pytest.approx(0.04)
     assert len(ledger.records_for("alice")) == 1
-    assert store.cancel(job.id, "alice").status == "completed"  # type: ignore[union-attr]
+    assert store.cancel(job.id, _in_org("alice")).status == "completed"  # type: ignore[union-attr]
 
 
 def test_a_cancelled_job_cannot_be_completed_or_failed(db: Database) -> None:
@@ -131,7 +137,7 @@ def test_a_cancelled_job_cannot_be_completed_or_failed(db: Database) -> None:
     store.create(job, 2, 60)
     claimed = store.claim_next("m", "w1")
     assert claimed is not None
-    store.cancel(job.id, "alice")
+    store.cancel(job.id, _in_org("alice"))
     assert not store.heartbeat(job.id, "w1")
     assert not store.complete(claimed, "w1", "videos/x.mp4", 1.0, 1.0)
     assert not store.fail(job.id, "w1", "boom")
@@ -164,5 +170,20 @@ def test_list_is_newest_first_and_per_user(db: Database) -> None:
         store.create(job, 10, 60)
         ids.append(job.id)
     store.create(job_for("bob"), 10, 60)
-    assert [j.id for j in store.list_recent("alice", 3)] == ids[::-1][:3]
-    assert store.get(ids[0], "bob") is None and store.get(ids[0], "alice") is not None
+    assert [j.id for j in store.list_recent(_in_org("alice"), 3)] == ids[::-1][:3]
+    assert (
+        store.get(ids[0], _in_org("bob")) is None
+        and store.get(ids[0], _in_org("alice")) is not None
+    )
+
+
+def test_jobs_are_the_organizations_they_were_made_in(db: Database) -> None:
+    store = JobStore(db)
+    job = job_for("alice", org="acme")
+    store.create(job, 10, 60)
+    elsewhere = _in_org("alice", "other-org")
+    assert store.get(job.id, elsewhere) is None
+    assert store.list_recent(elsewhere, 10) == []
+    assert store.cancel(job.id, elsewhere) is None
+    assert store.get(job.id, _in_org("alice", "acme")).status == "queued"  # type: ignore[union-attr]
+    assert [j.id for j in store.list_recent(_in_org("alice", "acme"), 10)] == [job.id]
