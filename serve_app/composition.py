@@ -116,11 +116,10 @@ def build_state(
     images = ImagePolicy(**config.images.model_dump())  # one policy: chat and documents
     metering = build_metering(config, database, settings, counters=counters, metrics=metrics)
     objects = objects or build_object_store(settings)
-    quotas = _storage_quotas(config, database)
-    adapters = AdapterService(catalog, AdapterStore(database), objects, heads, quotas=quotas)
+    adapters = _adapters(config, catalog, database, objects, heads)
     text = _text(config, catalog, heads, readiness, images, metering, router, adapters)
     tools = _tools(config, settings, sandbox)
-    files = _files(config, database, objects, quotas)
+    files = _files(config, database, objects, adapters.quotas)  # one bound: files + adapters
     state = GatewayState(
         catalog=catalog,
         auth=_auth(database, settings),
@@ -288,11 +287,20 @@ def _files(
     )
 
 
-def _storage_quotas(config: GatewayAppArgs, database: Database) -> StorageQuotas:
-    """Per-organization bounds on the bytes and objects its files and adapters store."""
+def _adapters(
+    config: GatewayAppArgs,
+    catalog: Catalog,
+    database: Database,
+    objects: ObjectStore,
+    heads: dict[str, HeadClient],
+) -> AdapterService:
+    """Organizations' adapters, under the per-organization bounds on stored bytes and
+    objects that its files share (``storage_quota``)."""
     options = config.storage_quota
     limits = StorageLimits(options.max_bytes_per_org, options.max_objects_per_org)
-    return StorageQuotas(database, limits)
+    return AdapterService(
+        catalog, AdapterStore(database), objects, heads, quotas=StorageQuotas(database, limits)
+    )
 
 
 def _embeddings(
