@@ -5,7 +5,7 @@ database; without a bound one organization could fill either for everyone. What 
 organization holds is read from the rows that own the objects: its ``files`` (uploads
 and batch outputs) and its ``adapters``, each counting as one object of its recorded
 size. Uploads are refused past either bound with 403 ``storage_quota_exceeded``
-(docs/reference/files.md#errors); a batch's output is written whatever the usage (the
+(docs/reference/common.md#error-codes); a batch's output is written whatever the usage (the
 batch was accepted) and counts against the next upload.
 
 The check that admits an upload and the insert of its row are one transaction
