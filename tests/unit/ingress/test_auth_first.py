@@ -234,3 +234,44 @@ def test_every_route_with_a_body_is_authenticated_before_it() -> None:
         and not _caller_dependencies(route.dependant)
     ]
     assert not unguarded
+
+
+async def test_a_real_server_answers_401_before_the_body_is_sent_and_closes(
+    gateway: GatewayHarness,
+) -> None:
+    """Over a socket, as ``gateway run`` serves (uvicorn): the client sends only the headers
+    of a 150 MiB upload and gets the 401 at once, and the server closes the connection
+    rather than waiting for (or draining) the body."""
+    import asyncio
+
+    import uvicorn
+
+    config = uvicorn.Config(
+        gateway.app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=1
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            (
+                "POST /v1/files HTTP/1.1\r\nHost: gateway.test\r\n"
+                f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n"
+                f"Content-Length: {UPLOAD}\r\n\r\n"
+            ).encode()
+        )
+        await writer.drain()
+        try:  # read to EOF: the server closed the connection
+            answer = await asyncio.wait_for(reader.read(), timeout=10)
+        finally:
+            writer.close()
+    finally:
+        server.should_exit = True
+        await serving
+    head = answer.split(b"\r\n\r\n", 1)[0].lower()
+    assert head.startswith(b"http/1.1 401")
+    assert b"connection: close" in head
+    assert b'"invalid_api_key"' in answer
