@@ -73,6 +73,7 @@ from serve_app.metrics import GatewayMetrics
 from serve_app.settings import GatewaySettings, get_settings, require_production_ready
 from serve_app.storage.db import Database
 from serve_app.storage.objects import ObjectStore, build_object_store
+from serve_app.storage.quotas import StorageLimits, StorageQuotas
 from serve_app.storage.schema import utcnow
 from serve_app.tools.runners import ToolRuntime
 from serve_app.tools.sandbox import CodeSandbox, RemoteSandbox
@@ -115,10 +116,10 @@ def build_state(
     images = ImagePolicy(**config.images.model_dump())  # one policy: chat and documents
     metering = build_metering(config, database, settings, counters=counters, metrics=metrics)
     objects = objects or build_object_store(settings)
-    adapters = AdapterService(catalog, AdapterStore(database), objects, heads)
+    adapters = _adapters(config, catalog, database, objects, heads)
     text = _text(config, catalog, heads, readiness, images, metering, router, adapters)
     tools = _tools(config, settings, sandbox)
-    files = _files(config, database, objects)
+    files = _files(config, database, objects, adapters.quotas)  # one bound: files + adapters
     state = GatewayState(
         catalog=catalog,
         auth=_auth(database, settings),
@@ -273,13 +274,32 @@ def _tools(
     )
 
 
-def _files(config: GatewayAppArgs, database: Database, objects: ObjectStore) -> FileService:
+def _files(
+    config: GatewayAppArgs, database: Database, objects: ObjectStore, quotas: StorageQuotas
+) -> FileService:
     """Uploaded files (batch inputs, results): rows in the database, bytes in the object
     store; the batch service and worker share its store."""
     return FileService(
         FileStore(database),
         objects,
         FilePolicy(config.batches.max_file_bytes, config.batches.files_list_limit),
+        quotas=quotas,
+    )
+
+
+def _adapters(
+    config: GatewayAppArgs,
+    catalog: Catalog,
+    database: Database,
+    objects: ObjectStore,
+    heads: dict[str, HeadClient],
+) -> AdapterService:
+    """Organizations' adapters, under the per-organization bounds on stored bytes and
+    objects that its files share (``storage_quota``)."""
+    options = config.storage_quota
+    limits = StorageLimits(options.max_bytes_per_org, options.max_objects_per_org)
+    return AdapterService(
+        catalog, AdapterStore(database), objects, heads, quotas=StorageQuotas(database, limits)
     )
 
 

@@ -238,6 +238,24 @@ class BatchOptions(_Strict):
     )
 
 
+class StorageQuotaOptions(_Strict):
+    """Per-organization bounds on what it stores (docs/api.md, "Tenant isolation"): its files
+    (uploads and batch outputs) and its adapters. An upload past either is refused with 403
+    ``storage_quota_exceeded``; a batch's output is written regardless and counts after."""
+
+    max_bytes_per_org: int | None = Field(
+        default=10 * 1000**3,
+        ge=1,
+        description="Bytes an organization may store in files and adapters; None: no bound.",
+    )
+    max_objects_per_org: int | None = Field(
+        default=10_000,
+        ge=1,
+        description="Files (uploads and batch outputs) plus adapters an organization may "
+        "hold; None: no bound.",
+    )
+
+
 class LimitsOptions(_Strict):
     """Platform-wide rate limits (docs/reference/common.md#limits): defaults for users without their
     own values.
@@ -353,6 +371,10 @@ class GatewayAppArgs(_Strict):
     batches: BatchOptions = Field(
         default_factory=BatchOptions,
         description="Files and batches: bounds, discount, enqueued-token limit, the worker.",
+    )
+    storage_quota: StorageQuotaOptions = Field(
+        default_factory=StorageQuotaOptions,
+        description="Per-organization stored bytes and object count (files, adapters).",
     )
     ledger: LedgerOptions = Field(
         default_factory=LedgerOptions, description="Usage ledger spool and flushing."

@@ -43,6 +43,7 @@ from serve_app.protocol.errors import (
 from serve_app.protocol.models import ModelCard
 from serve_app.protocol.uploads import Upload
 from serve_app.storage.objects import ObjectStore
+from serve_app.storage.quotas import StorageQuotas
 from serve_app.storage.schema import utcnow
 
 logger = logging.getLogger(__name__)
@@ -107,13 +108,17 @@ class AdapterService:
         store: AdapterStore,
         objects: ObjectStore,
         heads: Mapping[str, object] | None = None,
+        *,
+        quotas: StorageQuotas,
     ) -> None:
         """``heads``: the chat heads' clients by model id; a deleted adapter is dropped
-        from its base model's head through them."""
+        from its base model's head through them. ``quotas``: the organization's stored
+        bytes and objects, adapters included."""
         self.catalog = catalog
         self.store = store
         self.objects = objects
         self.heads = heads or {}
+        self.quotas = quotas
 
     def max_upload_bytes(self) -> int:
         """The largest upload any head's bound allows (the route's body limit)."""
@@ -203,8 +208,15 @@ class AdapterService:
             output_per_mtok=None,
             created_at=utcnow(),
         )
-        await asyncio.to_thread(self._put_files, record, facts.files)
-        if not await asyncio.to_thread(self.store.insert, record):
+        inserted = await asyncio.to_thread(
+            self.quotas.store,  # the organization's stored bytes and objects are bounded
+            principal.org_id,
+            record.bytes,
+            put=lambda: self._put_files(record, facts.files),
+            insert=lambda conn: self.store.insert_in(conn, record),
+            undo=lambda: self._delete_files(record),
+        )
+        if not inserted:
             await asyncio.to_thread(self._delete_files, record)
             raise _name_taken(name)
         return _object(record)

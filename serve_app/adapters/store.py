@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from serve_app.contract.adapters import AdapterObjects
@@ -74,6 +75,16 @@ class AdapterStore:
         """False when the organization already has an adapter of that name."""
         try:
             with self._db.begin() as conn:
+                conn.execute(sa.insert(adapters).values(**record.to_row()))
+        except IntegrityError:
+            return False
+        return True
+
+    def insert_in(self, conn: Connection, record: AdapterRecord) -> bool:
+        """``insert`` inside the caller's transaction (a savepoint, so a name taken
+        concurrently leaves that transaction usable)."""
+        try:
+            with conn.begin_nested():
                 conn.execute(sa.insert(adapters).values(**record.to_row()))
         except IntegrityError:
             return False

@@ -19,6 +19,7 @@ from serve_app.protocol.errors import InvalidRequestError, NotFoundError, Reques
 from serve_app.protocol.files import UPLOAD_PURPOSES, FileDeleted, FileList, FileObject
 from serve_app.protocol.uploads import Upload
 from serve_app.storage.objects import ObjectStore
+from serve_app.storage.quotas import StorageQuotas
 from serve_app.storage.schema import utcnow
 
 MAX_FILENAME_CHARS = 255
@@ -51,10 +52,13 @@ class FilePolicy:
 class FileService:
     """The files of every organization, in SQL and the object store."""
 
-    def __init__(self, store: FileStore, objects: ObjectStore, policy: FilePolicy) -> None:
+    def __init__(
+        self, store: FileStore, objects: ObjectStore, policy: FilePolicy, *, quotas: StorageQuotas
+    ) -> None:
         self.store = store
         self.objects = objects
         self.policy = policy
+        self.quotas = quotas
 
     async def upload(self, upload: Upload, purpose: str, principal: Principal) -> FileObject:
         if purpose not in UPLOAD_PURPOSES:
@@ -81,8 +85,14 @@ class FileService:
             created_at=utcnow(),
         )
         record = FileRecord(**{**record.to_row(), "object_key": object_key(record.id)})
-        await asyncio.to_thread(self.objects.put, record.object_key, data, JSONL)
-        await asyncio.to_thread(self.store.insert, record)
+        await asyncio.to_thread(
+            self.quotas.store,  # the organization's stored bytes and files are bounded
+            principal.org_id,
+            record.bytes,
+            put=lambda: self.objects.put(record.object_key, data, JSONL),
+            insert=lambda conn: self.store.insert_in(conn, record),
+            undo=lambda: self.objects.delete(record.object_key),
+        )
         return file_object(record)
 
     async def get(self, file_id: str, principal: Principal) -> FileObject:

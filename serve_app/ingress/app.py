@@ -1,9 +1,10 @@
 """Assembly of the FastAPI app: routers, error mapping, body limit, metadata.
 
-The order here is the request's path through the gateway: body limit (outer
-middleware) -> idempotency (replays a retried answer) -> route -> auth
-dependency -> service. ``create_app`` takes a ready ``GatewayState`` so tests
-build the same app without Ray.
+The order here is the request's path through the gateway: auth first (the
+route's caller dependency on the headers, before any body byte; outermost) ->
+body limit -> idempotency (replays a retried answer, to its caller only) ->
+route -> auth dependency (the caller found first) -> service. ``create_app``
+takes a ready ``GatewayState`` so tests build the same app without Ray.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import functools
 from fastapi import APIRouter, FastAPI
 from starlette.routing import BaseRoute
 
+from serve_app.ingress.auth_first import AuthFirstMiddleware
 from serve_app.ingress.body_limit import BodyLimitMiddleware
 from serve_app.ingress.errors import install_error_handlers
 from serve_app.ingress.idempotency import IdempotencyMiddleware
@@ -109,4 +111,7 @@ def create_app(
         limits=limits,
         streamed=audio.STREAMED_PATHS + files.STREAMED_PATHS + adapters.STREAMED_PATHS,
     )
+    # Outermost of everything that reads the body: an unknown or revoked key is refused
+    # before a byte of an upload is read, and a replay goes to its own caller only.
+    app.add_middleware(AuthFirstMiddleware, router=app.router)
     return app

@@ -1,11 +1,22 @@
-"""Typed FastAPI dependencies: the caller and the gateway state."""
+"""Typed FastAPI dependencies: the caller and the gateway state.
+
+The caller dependencies here are the one place that authenticates. FastAPI runs
+dependencies only after it has read the body (a multipart upload, spooled whole),
+so ``AuthFirstMiddleware`` (``serve_app.ingress.auth_first``) calls the route's caller
+dependencies (those in ``PRE_BODY_CALLERS``) on the headers alone before any body byte
+is read, and leaves the caller in the ASGI scope; the route's own call takes it from
+there instead of looking the key up again. A caller dependency therefore reads
+headers only and takes the request alone.
+"""
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Scope
 
 from serve_app.auth.principal import SCOPE_DEDICATED, SCOPE_INFERENCE, Principal
 from serve_app.ingress.state import GatewayState
@@ -21,7 +32,33 @@ async def get_state(request: Request) -> GatewayState:
 State = Annotated[GatewayState, Depends(get_state)]
 
 
+PRINCIPAL_SCOPE_KEY = "gateway.principal"
+"""Where the ASGI scope carries the caller authenticated before the body:
+``(Principal, time.monotonic() when verified)``."""
+
+PRE_BODY_REUSE_S = 1.0
+"""How long a caller verified before the body stays good for the route: a body that
+took longer to arrive (a large upload) is followed by a fresh check, so a key revoked
+while it was being sent is refused."""
+
+
+def known_caller(scope: Scope) -> Principal | None:
+    """The caller this request was authenticated as, if it already was."""
+    known = scope.get(PRINCIPAL_SCOPE_KEY)
+    return None if known is None else known[0]
+
+
 async def _authenticate(request: Request) -> Principal:
+    known = request.scope.get(PRINCIPAL_SCOPE_KEY)
+    if known is not None and time.monotonic() - known[1] < PRE_BODY_REUSE_S:
+        principal: Principal = known[0]
+        return principal
+    principal = await _verify(request)
+    request.scope[PRINCIPAL_SCOPE_KEY] = (principal, time.monotonic())
+    return principal
+
+
+async def _verify(request: Request) -> Principal:
     state: GatewayState = request.app.state.gateway
     header = request.headers.get("authorization")
     await state.auth.refresh()  # a revocation anywhere drops this replica's cache first
@@ -57,3 +94,6 @@ async def dedicated_caller(request: Request) -> Principal:
 
 DedicatedCaller = Annotated[Principal, Depends(dedicated_caller)]
 AnyCaller = Annotated[Principal, Depends(_authenticate)]
+
+PRE_BODY_CALLERS = frozenset({_authenticate, inference_caller, dedicated_caller})
+"""The caller dependencies ``AuthFirstMiddleware`` runs before the body is read."""

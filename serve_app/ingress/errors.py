@@ -24,7 +24,13 @@ from serve_app.protocol.errors import (
 from serve_app.protocol.validation import param_from_loc, validation_error
 from serve_app.storage.db import UNREACHABLE_ERRORS
 
-__all__ = ["error_response", "install_error_handlers", "param_from_loc", "validation_to_error"]
+__all__ = [
+    "database_unreachable_error",
+    "error_response",
+    "install_error_handlers",
+    "param_from_loc",
+    "validation_to_error",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +41,15 @@ than ``JSONDecodeError`` (``UnicodeDecodeError``, ``RecursionError``)."""
 
 def error_response(err: GatewayError) -> JSONResponse:
     return JSONResponse(err.envelope(), status_code=err.status_code, headers=err.headers)
+
+
+def database_unreachable_error() -> ModelUnavailableError:
+    """503: an outage, not a bug: retryable, like a head that cannot take the call
+    (docs/deployment.md, "Redis and database outages")."""
+    return ModelUnavailableError(
+        "The service cannot reach its database right now; retry shortly.",
+        headers={"Retry-After": "1"},
+    )
 
 
 def validation_to_error(exc: RequestValidationError) -> InvalidRequestError:
@@ -75,15 +90,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(err)
 
     async def on_database_unreachable(_: Request, exc: Exception) -> JSONResponse:
-        # An outage, not a bug: retryable, like a head that cannot take the call
-        # (docs/deployment.md, "Redis and database outages").
         logger.warning("database unreachable: %s", exc)
-        return error_response(
-            ModelUnavailableError(
-                "The service cannot reach its database right now; retry shortly.",
-                headers={"Retry-After": "1"},
-            )
-        )
+        return error_response(database_unreachable_error())
 
     async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error", exc_info=exc)

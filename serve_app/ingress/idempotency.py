@@ -12,7 +12,9 @@ SDKs pass it with ``extra_headers``; other clients set it directly). So:
   a request that produced nothing (a 429, an error before output) is not
   billed at all. Each generated token is billed exactly once.
 - With it, on POST routes under ``/v1/``, the first attempt claims the key
-  (scoped to the API key and route) and runs. If it completes with a 2xx, its
+  (scoped to the caller's organization and API key, and the route) and runs. The
+  caller is authenticated before this middleware runs (``auth_first``): a revoked
+  key gets its 401, never a stored answer. If it completes with a 2xx, its
   answer, streams included, is kept 24 h and every retry with the same key
   gets that answer back (``Idempotent-Replayed: true``): no new generation,
   no rate-limit use, no second ledger row. An attempt that fails or that the
@@ -38,6 +40,7 @@ from typing import IO
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from serve_app.ingress.deps import known_caller
 from serve_app.ingress.errors import error_response
 from serve_app.ingress.replays import Answered, Claimed, InFlight, ReplayStore, StoredAnswer
 from serve_app.protocol.errors import ConflictError, GatewayError, InvalidRequestError
@@ -62,7 +65,9 @@ _NOT_REPLAYED = frozenset({"date", "server", "transfer-encoding", "connection"})
 
 
 class IdempotencyMiddleware:
-    """Pure ASGI middleware; inner to the body limit (bodies are already bounded)."""
+    """Pure ASGI middleware; inner to the body limit (bodies are already bounded) and
+    to ``AuthFirstMiddleware`` (the caller is known and allowed before anything is
+    spooled or replayed)."""
 
     def __init__(
         self,
@@ -249,9 +254,20 @@ def _header(scope: Scope, wanted: bytes) -> bytes:
 
 
 def _slot(scope: Scope, key: str) -> str:
-    """One slot per caller (a hash of the whole Authorization value), route and key."""
+    """One slot per caller, route and key.
+
+    The caller is the one ``AuthFirstMiddleware`` authenticated before this runs: its
+    organization and key id, so another organization's key (or a dashboard session,
+    which sends no Authorization header) never shares a slot with it. A route without
+    a caller dependency falls back to a hash of the whole Authorization value.
+    """
+    caller = known_caller(scope)
+    if caller is not None:
+        who = b"caller\0" + f"{caller.org_id}\0{caller.key_id}".encode()
+    else:
+        who = b"header\0" + _header(scope, b"authorization")
     digest = hashlib.sha256()
-    for part in (_header(scope, b"authorization"), scope["path"].encode(), key.encode()):
+    for part in (who, scope["path"].encode(), key.encode()):
         digest.update(hashlib.sha256(part).digest())
     return digest.hexdigest()
 

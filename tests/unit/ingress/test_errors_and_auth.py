@@ -97,7 +97,9 @@ async def test_body_limit_413(sync_gateway: GatewayHarness) -> None:
     import httpx
 
     transport = httpx.ASGITransport(app=small)
-    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+    # A known caller: without a key the answer is the 401, before the body is looked at.
+    auth = {"Authorization": f"Bearer {sync_gateway.store.create_key('alice', 'acme')}"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=auth) as http:
         big = {"model": "scripted-chat", "messages": [{"role": "user", "content": "x" * 5000}]}
         resp = await http.post("/v1/chat/completions", json=big)
 

@@ -70,3 +70,52 @@ async def test_without_a_key_every_request_is_its_own(gateway: GatewayHarness) -
     answers = [(await post(gateway, CHAT, None)).json()["id"] for _ in range(2)]
     assert len(set(answers)) == 2
     assert len(await billed(gateway)) == 2
+
+
+async def test_a_revoked_key_gets_401_not_the_stored_answer(gateway: GatewayHarness) -> None:
+    key = gateway.store.create_key("alice", "acme")
+    headers = {"Authorization": f"Bearer {key}", "Idempotency-Key": "revoke-me"}
+    async with gateway.client() as http:
+        first = await http.post("/v1/chat/completions", json=CHAT, headers=headers)
+        assert first.status_code == 200
+        assert gateway.store.revoke_key(key)
+        retry = await http.post("/v1/chat/completions", json=CHAT, headers=headers)
+    assert retry.status_code == 401, retry.text
+    assert retry.json()["error"]["code"] == "invalid_api_key"
+    assert "idempotent-replayed" not in retry.headers
+
+
+async def test_another_organization_never_gets_the_stored_answer(gateway: GatewayHarness) -> None:
+    """Same Idempotency-Key, same body, same route, another organization's key: its own run."""
+    mallory = gateway.store.create_key("mallory", "evil-org")
+    engine = gateway.engines["scripted-chat"]
+    first = await post(gateway, CHAT, "shared-key")
+    async with gateway.client(mallory) as http:
+        other = await http.post(
+            "/v1/chat/completions", json=CHAT, headers={"Idempotency-Key": "shared-key"}
+        )
+    assert other.status_code == 200 and "idempotent-replayed" not in other.headers
+    assert other.json()["id"] != first.json()["id"]
+    assert len(engine.produced) == 2
+
+
+def test_slots_are_keyed_by_the_authenticated_caller_not_the_header() -> None:
+    """A caller without an Authorization header (a dashboard session) or with one spelled
+    differently still gets its own slot: the organization and key id decide."""
+    from serve_app.auth.principal import Principal
+    from serve_app.ingress.deps import PRINCIPAL_SCOPE_KEY
+    from serve_app.ingress.idempotency import _slot
+
+    def scope(org: str, key_id: str, header: bytes) -> dict[str, Any]:
+        caller = Principal(key_id, "u", org, "member", frozenset({"inference"}))
+        return {
+            "path": "/v1/chat/completions",
+            "headers": [(b"authorization", header)] if header else [],
+            PRINCIPAL_SCOPE_KEY: (caller, 0.0),
+        }
+
+    a = _slot(scope("org-a", "key-1", b""), "k")
+    assert _slot(scope("org-b", "key-2", b""), "k") != a
+    assert _slot(scope("org-a", "key-3", b""), "k") != a
+    assert _slot(scope("org-a", "key-1", b"bearer  gwk_x"), "k") == a
+    assert _slot(scope("org-a", "key-1", b""), "other") != a
