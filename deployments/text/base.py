@@ -101,14 +101,15 @@ class TextEngine(abc.ABC):
         """The engine's LoRA bounds where it serves adapters (vLLM: its ``lora`` config)."""
         return None
 
-    async def load_adapter(self, model_id: str, path: str) -> None:
-        """Load the LoRA adapter in folder ``path`` as ``model_id`` (PromptSpec.adapter).
+    async def load_adapter(self, lora_name: str, path: str) -> None:
+        """Load the LoRA adapter in folder ``path`` as ``lora_name`` (the adapter's unique
+        id, ``AdapterRef.key``; ``PromptSpec.adapter`` names it).
 
         Default: this backend serves no adapters (the gateway never sends one to a head
         whose engine config lacks ``lora``)."""
         raise InvalidRequestError("This model is served without LoRA adapters.")
 
-    async def unload_adapter(self, model_id: str) -> None:
+    async def unload_adapter(self, lora_name: str) -> None:
         """Drop a loaded adapter. Default: nothing was loaded."""
         return None
 

@@ -153,7 +153,7 @@ class ChatHeadCore:
         honoured = dataclasses.replace(request.sampling, extra=extra)
         prepared: list[PreparedPrompt] = []
         samplings: list[SamplingSpec] = []
-        adapter = request.adapter.model_id if request.adapter is not None else None
+        adapter = request.adapter.key if request.adapter is not None else None
         for prompt in request.prompts:
             if adapter is not None:
                 prompt = dataclasses.replace(prompt, adapter=adapter)
@@ -429,7 +429,7 @@ class ChatHead:
         async def load_adapter(key: str) -> MultiplexedAdapter:
             ref = refs[key]
             await slots.load(ref)
-            return MultiplexedAdapter(slots, ref.model_id, loop)
+            return MultiplexedAdapter(slots, ref.key, loop)
 
         multiplexed = serve.multiplexed(max_num_models_per_replica=slots.max_loaded or 1)(
             load_adapter
@@ -451,7 +451,8 @@ class ChatHead:
         return await self.core.forget_adapter(key, held)
 
     async def loaded_adapters(self) -> list[str]:
-        """The adapters this replica holds, least recently used first (operators, tests)."""
+        """The keys of the adapters this replica holds, least recently used first
+        (operators, tests)."""
         return self.core.adapters.loaded if self.core.adapters is not None else []
 
     async def wake(self) -> None:

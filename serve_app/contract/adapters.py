@@ -84,13 +84,17 @@ class LoraSettings(BaseModel):
 class AdapterRef:
     """One adapter as a head receives it on a request.
 
-    ``key`` names this exact content (a new upload under an old name gets a new key):
-    it is the Serve multiplexed model id and the head's cache folder name.
+    ``key`` is the adapter's unique id and names this exact content (a new upload under
+    an old name gets a new key; an uploaded adapter's is its ``lora-...`` id, an operator
+    adapter's ``catalog:<base>:<name>``). Inside a head everything is keyed by it: vLLM's
+    LoRA name, the loaded slots, Serve's multiplexed model id, the cache folder. Adapter
+    names are unique only within an organization, so ``model_id`` must never key anything
+    there: another organization's adapter, or a deleted one, has the same.
     """
 
     key: str
     model_id: str
-    """``<base>:<name>``: what the engine calls the adapter (and reports)."""
+    """``<base>:<name>``: for messages and logs only (the API's id, the usage rows')."""
     objects: tuple[tuple[str, str], ...] = ()
     """(file name, object key) pairs in the gateway's object store (uploaded adapters)."""
     path: str | None = None
