@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from serve_app.contract.adapters import LoraSettings
+from serve_app.contract.adapters import BaseShapes, LoraSettings
 from serve_app.contract.errors import InvalidRequestError
 from serve_app.contract.text import GenerationDone, PromptSpec, SamplingSpec, TextDelta
 
@@ -99,6 +99,11 @@ class TextEngine(abc.ABC):
 
     def lora_settings(self) -> LoraSettings | None:
         """The engine's LoRA bounds where it serves adapters (vLLM: its ``lora`` config)."""
+        return None
+
+    def adapter_base(self) -> BaseShapes | None:
+        """The base model's layers as adapters see them (uploads are checked against
+        them); None where the engine cannot tell (then no upload is accepted)."""
         return None
 
     async def load_adapter(self, lora_name: str, path: str) -> None:

@@ -34,7 +34,7 @@ from deployments.text.adapters import (
 )
 from deployments.text.base import EngineInfo, PreparedPrompt, TextEngine
 from deployments.text.invented_calls import declared_names, invented_call
-from serve_app.contract.adapters import AdapterObjects, AdapterRef, ForgetReply
+from serve_app.contract.adapters import AdapterObjects, AdapterRef, BaseShapes, ForgetReply
 from serve_app.contract.errors import (
     GatewayError,
     HeadFailure,
@@ -114,6 +114,10 @@ class ChatHeadCore:
         async with self.adapters.using(ref):
             async for event in self._generate(request):
                 yield event
+
+    def adapter_base(self) -> BaseShapes | None:
+        """What the gateway checks uploads against; None where no adapter is served."""
+        return self.engine.adapter_base() if self.adapters is not None else None
 
     async def forget_adapter(self, key: str, held: bool = False) -> ForgetReply:
         """A deleted adapter: unload it and drop its cached files (``ForgetReply``);
@@ -449,6 +453,10 @@ class ChatHead:
         owner = getattr(self, "_multiplex_owner", None)
         held = owner is not None and await drop_multiplexed(owner, key)
         return await self.core.forget_adapter(key, held)
+
+    async def adapter_base(self) -> BaseShapes | None:
+        """The base model's layers as adapters see them (the gateway checks uploads)."""
+        return self.core.adapter_base()
 
     async def loaded_adapters(self) -> list[str]:
         """The keys of the adapters this replica holds, least recently used first

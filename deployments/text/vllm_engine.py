@@ -38,7 +38,7 @@ from deployments.text.vllm_openai import (
     whole_response_events,
 )
 from deployments.vllm_start import engine_state_error, start_async_llm, vllm_device_type
-from serve_app.contract.adapters import LoraSettings
+from serve_app.contract.adapters import BaseShapes, LoraSettings, base_shapes
 from serve_app.contract.errors import (
     GatewayError,
     InvalidRequestError,
@@ -306,6 +306,12 @@ class VLLMEngine(TextEngine):
 
     def lora_settings(self) -> LoraSettings | None:
         return self.config.lora
+
+    def adapter_base(self) -> BaseShapes | None:
+        """From the model's (text) config as vLLM loaded it."""
+        if self._engine is None or self.config.lora is None:
+            return None
+        return base_shapes(self._engine.model_config.hf_text_config.to_dict())
 
     async def load_adapter(self, lora_name: str, path: str) -> None:
         """Load the LoRA adapter in folder ``path`` under the name ``lora_name``.

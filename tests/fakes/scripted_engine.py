@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from deployments.text.base import EngineEvent, EngineInfo, PreparedPrompt, TextEngine
-from serve_app.contract.adapters import ADAPTER_CONFIG, LoraSettings
+from serve_app.contract.adapters import ADAPTER_CONFIG, BaseShapes, LoraSettings, base_shapes
 from serve_app.contract.text import (
     GenerationDone,
     PromptSpec,
@@ -71,6 +71,17 @@ class ScriptedEngine(TextEngine):
     def lora_settings(self) -> LoraSettings | None:
         raw = self.config.get("lora")
         return None if raw is None else LoraSettings.model_validate(raw)
+
+    def adapter_base(self) -> BaseShapes | None:
+        """``config["base"]`` (a Hugging Face config's sizes), else a tiny decoder: two
+        layers, hidden and intermediate size 16 (``tests.fixtures.adapters``' default)."""
+        default = {
+            "hidden_size": 16,
+            "intermediate_size": 16,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+        }
+        return base_shapes(self.config.get("base", default))
 
     async def load_adapter(self, lora_name: str, path: str) -> None:
         if self.lora_settings() is None:
