@@ -49,7 +49,7 @@ MAX_ZIP_DIRECTORY_BYTES = 256 * 1024
 MAX_STREAMS = 16
 """Concatenated gzip/bzip2/xz streams in one upload."""
 UNPACK_RATIO = 8
-UNPACK_FLOOR_BYTES = 4 * 1024 * 1024
+UNPACK_FLOOR_BYTES = 8 * 1024 * 1024
 XZ_MEMLIMIT = 96 * 1024 * 1024
 """liblzma's own bound: xz presets up to -8 (a 32 MiB dictionary) decode within it."""
 _CHUNK = 1024 * 1024

@@ -5,6 +5,8 @@ when generated with one."""
 
 from __future__ import annotations
 
+import bz2
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -237,3 +239,36 @@ async def test_a_name_uploaded_again_never_runs_the_old_weights(
     reply = await _chat(lora_gateway, "user", f"{BASE}:v")
     assert reply.json()["choices"][0]["message"]["content"].startswith(f"[{second['id']}]")
     assert lora_gateway.engines[BASE].adapters[second["id"]]["r"] == 8
+
+
+def _pax_bomb() -> bytes:
+    """A pax header declaring 1 GiB (tarfile read that in one call), bzip2'd."""
+    info = tarfile.TarInfo("pax")
+    info.type = tarfile.XHDTYPE
+    info.size = 1 << 30
+    return bz2.compress(info.tobuf(tarfile.USTAR_FORMAT) + bytes(8192))
+
+
+async def test_hostile_archives_and_misfit_adapters_get_the_400_envelope(
+    lora_gateway: GatewayHarness,
+) -> None:
+    """Refused before anything is stored or any engine sees them
+    (test_hostile_archives.py and test_checks.py have the rest)."""
+    cases = [
+        (_pax_bomb(), "unsafe_archive", "extended header declares"),
+        (zipped(adapter_files(width=32)), "invalid_adapter", "needs [8, 16]"),
+        (zipped(adapter_files(layers=3)), "invalid_adapter", "the base model has 2 layers"),
+    ]
+    for data, code, reason in cases:
+        resp = await _upload(lora_gateway, "admin", "hostile", data)
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+        assert (error["type"], error["code"], error["param"]) == (
+            "invalid_request_error",
+            code,
+            "file",
+        )
+        assert reason in error["message"]
+    assert lora_gateway.engines[BASE].adapter_log == []
+    async with lora_gateway.client(lora_gateway.keys["admin"]) as http:
+        assert (await http.get("/api/adapters/hostile")).status_code == 404
