@@ -6,7 +6,11 @@ load: an uploaded adapter's two files are fetched once from the gateway's object
 store into ``<models dir>/adapters/<key>`` (the key names the content, so a cached
 folder is never stale); an operator adapter names a folder, or ``prepared:<name>``.
 
-``AdapterSlots`` keeps the engine's loaded set. Which adapters stay loaded is decided
+``AdapterSlots`` keeps the engine's loaded set, keyed by the adapter's unique id
+(``AdapterRef.key``), which is also vLLM's LoRA name and Serve's multiplexed model id:
+adapter names are unique only within an organization, so two organizations' adapters
+of one name, or a deleted name uploaded again, are different adapters here and never
+share weights (``<base>:<name>`` is only for messages). Which adapters stay loaded is decided
 by a least-recently-used policy of at most ``max_loras``: Ray Serve's model
 multiplexing in a Serve replica (so the router sends an adapter's requests to a
 replica that holds it), or ``AdapterSlots``' own order in process (tests). An
@@ -48,9 +52,9 @@ MULTIPLEX_WRAPPER_ATTR = "__serve_multiplex_wrapper"
 class AdapterEngine(Protocol):
     """What the slots need of a ``TextEngine`` (``VLLMEngine`` implements it)."""
 
-    async def load_adapter(self, model_id: str, path: str) -> None: ...
+    async def load_adapter(self, lora_name: str, path: str) -> None: ...
 
-    async def unload_adapter(self, model_id: str) -> None: ...
+    async def unload_adapter(self, lora_name: str) -> None: ...
 
 
 class AdapterFiles:
@@ -111,6 +115,7 @@ class AdapterSlots:
         self.files = files
         self.max_loaded = max_loaded
         self._loaded: OrderedDict[str, AdapterRef] = OrderedDict()
+        """Key -> ref, least recently used first."""
         self._draining: dict[str, AdapterRef] = {}
         """Evicted while requests still generate with them: unloaded when the last ends."""
         self._users: dict[str, int] = {}
@@ -120,7 +125,7 @@ class AdapterSlots:
 
     @property
     def loaded(self) -> list[str]:
-        """Model ids loaded now, least recently used first."""
+        """Keys of the adapters loaded now, least recently used first."""
         return list(self._loaded)
 
     async def load(self, ref: AdapterRef) -> None:
@@ -138,29 +143,29 @@ class AdapterSlots:
             if self.max_loaded is not None:
                 while len(self._loaded) >= self.max_loaded:
                     await self.evict(next(iter(self._loaded)))
-            await self.engine.load_adapter(ref.model_id, path)
-            self._loaded[ref.model_id] = ref
-            logger.info("adapter %s loaded (%s)", ref.model_id, ref.key)
+            await self.engine.load_adapter(ref.key, path)
+            self._loaded[ref.key] = ref
+            logger.info("adapter %s loaded (%s)", ref.key, ref.model_id)
 
     def _reuse(self, ref: AdapterRef) -> bool:
-        draining = self._draining.get(ref.model_id)
-        if draining is not None and draining.key == ref.key:  # asked again before unloaded
-            self._loaded[ref.model_id] = self._draining.pop(ref.model_id)
-        if ref.model_id not in self._loaded:
+        draining = self._draining.pop(ref.key, None)
+        if draining is not None:  # asked again before it was unloaded
+            self._loaded[ref.key] = draining
+        if ref.key not in self._loaded:
             return False
-        self._loaded.move_to_end(ref.model_id)
+        self._loaded.move_to_end(ref.key)
         return True
 
-    async def evict(self, model_id: str) -> None:
-        """Unload ``model_id`` now, or when its last running request ends."""
-        ref = self._loaded.pop(model_id, None)
+    async def evict(self, key: str) -> None:
+        """Unload adapter ``key`` now, or when its last running request ends."""
+        ref = self._loaded.pop(key, None)
         if ref is None:
             return
-        if self._users.get(model_id):
-            self._draining[model_id] = ref
+        if self._users.get(key):
+            self._draining[key] = ref
             return
-        await self.engine.unload_adapter(model_id)
-        logger.info("adapter %s unloaded", model_id)
+        await self.engine.unload_adapter(key)
+        logger.info("adapter %s unloaded (%s)", key, ref.model_id)
 
     async def forget(self, key: str, held: bool = False) -> ForgetReply:
         """The adapter was deleted: unload it, drop its cached files and never load it
@@ -170,30 +175,30 @@ class AdapterSlots:
         self._forgotten.move_to_end(key)
         while len(self._forgotten) > MAX_FORGOTTEN:
             self._forgotten.popitem(last=False)
-        model_ids = [m for m, ref in self._loaded.items() if ref.key == key]
-        for model_id in model_ids:  # one still generating is unloaded when it ends
-            await self.evict(model_id)
-        draining = any(ref.key == key for ref in self._draining.values())
+        loaded = key in self._loaded
+        await self.evict(key)  # one still generating is unloaded when it ends
+        draining = key in self._draining
         await asyncio.to_thread(self.files.remove, key)
         if known:
             return "forgotten"
-        return "unloaded" if held or model_ids or draining else "absent"
+        return "unloaded" if held or loaded or draining else "absent"
 
     @contextlib.asynccontextmanager
     async def using(self, ref: AdapterRef) -> AsyncIterator[None]:
         """Pin ``ref`` loaded while a request generates with it."""
-        self._users[ref.model_id] = self._users.get(ref.model_id, 0) + 1
+        key = ref.key
+        self._users[key] = self._users.get(key, 0) + 1
         try:
             yield
         finally:
-            left = self._users[ref.model_id] - 1
+            left = self._users[key] - 1
             if left:
-                self._users[ref.model_id] = left
+                self._users[key] = left
             else:
-                del self._users[ref.model_id]
-                if self._draining.pop(ref.model_id, None) is not None:
-                    await self.engine.unload_adapter(ref.model_id)
-                    logger.info("adapter %s unloaded", ref.model_id)
+                del self._users[key]
+                if self._draining.pop(key, None) is not None:
+                    await self.engine.unload_adapter(key)
+                    logger.info("adapter %s unloaded (%s)", key, ref.model_id)
 
 
 class MultiplexedAdapter:
@@ -204,22 +209,22 @@ class MultiplexedAdapter:
     second time (by the garbage collector) it does nothing.
     """
 
-    def __init__(self, slots: AdapterSlots, model_id: str, loop: Any) -> None:
+    def __init__(self, slots: AdapterSlots, key: str, loop: Any) -> None:
         self._slots = slots
-        self.model_id = model_id
+        self.key = key
         self._loop = loop
         self._done = False
 
     def disarm(self) -> None:
         """Taken out of Serve's LRU by ``drop_multiplexed``: the slots unload it; a later
-        ``__del__`` must not evict a newer adapter under the same model id."""
+        ``__del__`` must not evict it again after a reload under the same key."""
         self._done = True
 
     def __del__(self) -> None:
         if self._done or self._loop.is_closed():
             return
         self._done = True
-        future = asyncio.run_coroutine_threadsafe(self._slots.evict(self.model_id), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._slots.evict(self.key), self._loop)
         try:
             asyncio.get_running_loop()
         except RuntimeError:  # Serve's executor thread: wait, so the LRU stays exact

@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from serve_app.contract.adapters import LoraSettings
+from serve_app.contract.adapters import BaseShapes, LoraSettings
 from serve_app.contract.errors import InvalidRequestError
 from serve_app.contract.text import GenerationDone, PromptSpec, SamplingSpec, TextDelta
 
@@ -101,14 +101,20 @@ class TextEngine(abc.ABC):
         """The engine's LoRA bounds where it serves adapters (vLLM: its ``lora`` config)."""
         return None
 
-    async def load_adapter(self, model_id: str, path: str) -> None:
-        """Load the LoRA adapter in folder ``path`` as ``model_id`` (PromptSpec.adapter).
+    def adapter_base(self) -> BaseShapes | None:
+        """The base model's layers as adapters see them (uploads are checked against
+        them); None where the engine cannot tell (then no upload is accepted)."""
+        return None
+
+    async def load_adapter(self, lora_name: str, path: str) -> None:
+        """Load the LoRA adapter in folder ``path`` as ``lora_name`` (the adapter's unique
+        id, ``AdapterRef.key``; ``PromptSpec.adapter`` names it).
 
         Default: this backend serves no adapters (the gateway never sends one to a head
         whose engine config lacks ``lora``)."""
         raise InvalidRequestError("This model is served without LoRA adapters.")
 
-    async def unload_adapter(self, model_id: str) -> None:
+    async def unload_adapter(self, lora_name: str) -> None:
         """Drop a loaded adapter. Default: nothing was loaded."""
         return None
 

@@ -34,7 +34,7 @@ from deployments.text.adapters import (
 )
 from deployments.text.base import EngineInfo, PreparedPrompt, TextEngine
 from deployments.text.invented_calls import declared_names, invented_call
-from serve_app.contract.adapters import AdapterObjects, AdapterRef, ForgetReply
+from serve_app.contract.adapters import AdapterObjects, AdapterRef, BaseShapes, ForgetReply
 from serve_app.contract.errors import (
     GatewayError,
     HeadFailure,
@@ -115,6 +115,10 @@ class ChatHeadCore:
             async for event in self._generate(request):
                 yield event
 
+    def adapter_base(self) -> BaseShapes | None:
+        """What the gateway checks uploads against; None where no adapter is served."""
+        return self.engine.adapter_base() if self.adapters is not None else None
+
     async def forget_adapter(self, key: str, held: bool = False) -> ForgetReply:
         """A deleted adapter: unload it and drop its cached files (``ForgetReply``);
         ``held``: a Serve replica dropped it from the multiplexing LRU already."""
@@ -153,7 +157,7 @@ class ChatHeadCore:
         honoured = dataclasses.replace(request.sampling, extra=extra)
         prepared: list[PreparedPrompt] = []
         samplings: list[SamplingSpec] = []
-        adapter = request.adapter.model_id if request.adapter is not None else None
+        adapter = request.adapter.key if request.adapter is not None else None
         for prompt in request.prompts:
             if adapter is not None:
                 prompt = dataclasses.replace(prompt, adapter=adapter)
@@ -429,7 +433,7 @@ class ChatHead:
         async def load_adapter(key: str) -> MultiplexedAdapter:
             ref = refs[key]
             await slots.load(ref)
-            return MultiplexedAdapter(slots, ref.model_id, loop)
+            return MultiplexedAdapter(slots, ref.key, loop)
 
         multiplexed = serve.multiplexed(max_num_models_per_replica=slots.max_loaded or 1)(
             load_adapter
@@ -450,8 +454,13 @@ class ChatHead:
         held = owner is not None and await drop_multiplexed(owner, key)
         return await self.core.forget_adapter(key, held)
 
+    async def adapter_base(self) -> BaseShapes | None:
+        """The base model's layers as adapters see them (the gateway checks uploads)."""
+        return self.core.adapter_base()
+
     async def loaded_adapters(self) -> list[str]:
-        """The adapters this replica holds, least recently used first (operators, tests)."""
+        """The keys of the adapters this replica holds, least recently used first
+        (operators, tests)."""
         return self.core.adapters.loaded if self.core.adapters is not None else []
 
     async def wake(self) -> None:

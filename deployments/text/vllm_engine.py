@@ -38,7 +38,7 @@ from deployments.text.vllm_openai import (
     whole_response_events,
 )
 from deployments.vllm_start import engine_state_error, start_async_llm, vllm_device_type
-from serve_app.contract.adapters import LoraSettings
+from serve_app.contract.adapters import BaseShapes, LoraSettings, base_shapes
 from serve_app.contract.errors import (
     GatewayError,
     InvalidRequestError,
@@ -307,11 +307,20 @@ class VLLMEngine(TextEngine):
     def lora_settings(self) -> LoraSettings | None:
         return self.config.lora
 
-    async def load_adapter(self, model_id: str, path: str) -> None:
-        """Load the LoRA adapter in folder ``path`` under the name ``model_id``.
+    def adapter_base(self) -> BaseShapes | None:
+        """From the model's (text) config as vLLM loaded it."""
+        if self._engine is None or self.config.lora is None:
+            return None
+        return base_shapes(self._engine.model_config.hf_text_config.to_dict())
 
+    async def load_adapter(self, lora_name: str, path: str) -> None:
+        """Load the LoRA adapter in folder ``path`` under the name ``lora_name``.
+
+        ``lora_name`` is the adapter's unique id (``AdapterRef.key``), never its
+        ``<base>:<name>``: names repeat across organizations and after a re-upload, and
+        vLLM answers every request naming a loaded LoRA with that LoRA's weights.
         vLLM's serving layer does it (``OpenAIServingModels.load_lora_adapter``: the
-        engine loads and checks the adapter, then requests naming ``model_id`` get its
+        engine loads and checks the adapter, then requests naming ``lora_name`` get its
         ``LoRARequest``). An adapter the engine cannot load (a rank above
         ``max_lora_rank``, modules it cannot adapt) is the request's 400.
         """
@@ -319,9 +328,9 @@ class VLLMEngine(TextEngine):
         if self.config.lora is None:
             raise InvalidRequestError("This model is served without LoRA adapters.")
         vllm = _vllm()
-        if model_id in self._models.lora_requests:
+        if lora_name in self._models.lora_requests:
             return
-        request = vllm.LoadLoRAAdapterRequest(lora_name=model_id, lora_path=path)
+        request = vllm.LoadLoRAAdapterRequest(lora_name=lora_name, lora_path=path)
         try:
             result = await self._models.load_lora_adapter(
                 request, base_model_name=self._served_name
@@ -334,18 +343,18 @@ class VLLMEngine(TextEngine):
                 raise InvalidRequestError(f"The adapter cannot be loaded: {error.message}")
             raise error
 
-    async def unload_adapter(self, model_id: str) -> None:
+    async def unload_adapter(self, lora_name: str) -> None:
         """Remove a loaded adapter (LRU eviction, deletion): from the serving layer's
         names (vLLM 0.32's ``unload_lora_adapter`` stops there), then from the engine."""
-        if self._models is None or model_id not in self._models.lora_requests:
+        if self._models is None or lora_name not in self._models.lora_requests:
             return
         vllm = _vllm()
-        lora_id = self._models.lora_requests[model_id].lora_int_id
+        lora_id = self._models.lora_requests[lora_name].lora_int_id
         result = await self._models.unload_lora_adapter(
-            vllm.UnloadLoRAAdapterRequest(lora_name=model_id)
+            vllm.UnloadLoRAAdapterRequest(lora_name=lora_name)
         )
         if isinstance(result, vllm.ErrorResponse):
-            logger.warning("adapter %s not unloaded: %s", model_id, result)
+            logger.warning("adapter %s not unloaded: %s", lora_name, result)
             return
         if self._engine is not None:
             await self._engine.remove_lora(lora_id)

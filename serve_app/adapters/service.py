@@ -4,9 +4,11 @@ docs/reference/adapters.md. An organization's adapters are visible to that
 organization only: another organization's adapter, like a missing one, answers 404
 ``model_not_found`` when named as a model and 404 ``adapter_not_found`` on
 ``/api/adapters/{name}``. Operator adapters (the catalog's) are visible to all.
-Uploads are validated completely before anything is stored (``archive``); the files
-go to the object store, then the row to SQL. Blocking calls run in threads, off the
-replica's event loop.
+Uploads are validated completely before anything is stored: the archive read within
+bounds (``archive``), the adapter checked against its base model's layers as the base
+model's head describes them (``checks``); the files (the weights, and a config written
+from the checked facts) go to the object store, then the row to SQL. Blocking calls run
+in threads, off the replica's event loop.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import logging
 from collections.abc import Mapping
 from typing import Protocol
 
-from serve_app.adapters.archive import MAX_CONFIG_BYTES, inspect_adapter, read_archive
+from serve_app.adapters.archive import read_archive
+from serve_app.adapters.checks import MAX_CONFIG_BYTES, inspect_adapter
 from serve_app.adapters.store import AdapterRecord, AdapterStore, new_adapter_id, object_prefix
 from serve_app.auth.principal import ROLE_ADMIN, Principal
 from serve_app.catalog.catalog import Catalog, adapter_card, adapter_pricing, lora_settings
@@ -29,6 +32,7 @@ from serve_app.contract.adapters import (
     NAME_PATTERN,
     RESERVED_NAMES,
     AdapterRef,
+    BaseShapes,
     LoraSettings,
 )
 from serve_app.protocol.adapters import AdapterDeleted, AdapterList, AdapterObject
@@ -57,6 +61,8 @@ class AdapterHead(Protocol):
     """A chat head that can drop a deleted adapter (``RayHeadClient``, ``LocalHeadClient``)."""
 
     async def forget_adapter(self, key: str) -> bool: ...
+
+    async def adapter_base(self) -> BaseShapes | None: ...
 
 
 def adapter_not_found(name: str) -> NotFoundError:
@@ -119,6 +125,9 @@ class AdapterService:
         self.objects = objects
         self.heads = heads or {}
         self.quotas = quotas
+        self._bases: dict[str, BaseShapes] = {}
+        """Base model id -> its layers, as its head described them (they never change
+        under one deployment)."""
 
     def max_upload_bytes(self) -> int:
         """The largest upload any head's bound allows (the route's body limit)."""
@@ -177,6 +186,7 @@ class AdapterService:
     ) -> AdapterObject:
         _require_admin(principal)
         base, lora = self._upload_target(name, base_model)
+        shapes = await self._base_shapes(base.id)
         limit = lora.max_adapter_bytes + UPLOAD_OVERHEAD_BYTES
         data = await upload.read(limit + 1)
         if len(data) > limit:
@@ -184,7 +194,8 @@ class AdapterService:
                 f"The adapter archive is larger than {limit} bytes.", param="file"
             )
         files = await asyncio.to_thread(read_archive, data, limit)
-        facts = inspect_adapter(files, lora)
+        del data
+        facts = await asyncio.to_thread(inspect_adapter, files, lora, shapes, base.id)
         if self.catalog.operator_adapter(f"{base.id}:{name}") is not None:
             raise _name_taken(name)
         if await asyncio.to_thread(self.store.count, principal.org_id) >= MAX_ADAPTERS_PER_ORG:
@@ -240,6 +251,24 @@ class AdapterService:
                 param="base_model",
             )
         return base, lora
+
+    async def _base_shapes(self, base_id: str) -> BaseShapes:
+        """The base model's layers, asked of its head once (a head warming up answers
+        the upload 503 like a call would)."""
+        known = self._bases.get(base_id)
+        if known is not None:
+            return known
+        ask = getattr(self.heads.get(base_id), "adapter_base", None)
+        shapes = await ask() if ask is not None else None
+        if not isinstance(shapes, BaseShapes):
+            raise InvalidRequestError(
+                f"The model '{base_id}' cannot describe its layers, so adapters cannot be "
+                "checked against it.",
+                code="adapters_not_supported",
+                param="base_model",
+            )
+        self._bases[base_id] = shapes
+        return shapes
 
     def _put_files(self, record: AdapterRecord, files: dict[str, bytes]) -> None:
         types = {ADAPTER_CONFIG: "application/json", ADAPTER_WEIGHTS: "application/octet-stream"}

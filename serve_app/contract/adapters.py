@@ -84,17 +84,77 @@ class LoraSettings(BaseModel):
 class AdapterRef:
     """One adapter as a head receives it on a request.
 
-    ``key`` names this exact content (a new upload under an old name gets a new key):
-    it is the Serve multiplexed model id and the head's cache folder name.
+    ``key`` is the adapter's unique id and names this exact content (a new upload under
+    an old name gets a new key; an uploaded adapter's is its ``lora-...`` id, an operator
+    adapter's ``catalog:<base>:<name>``). Inside a head everything is keyed by it: vLLM's
+    LoRA name, the loaded slots, Serve's multiplexed model id, the cache folder. Adapter
+    names are unique only within an organization, so ``model_id`` must never key anything
+    there: another organization's adapter, or a deleted one, has the same.
     """
 
     key: str
     model_id: str
-    """``<base>:<name>``: what the engine calls the adapter (and reports)."""
+    """``<base>:<name>``: for messages and logs only (the API's id, the usage rows')."""
     objects: tuple[tuple[str, str], ...] = ()
     """(file name, object key) pairs in the gateway's object store (uploaded adapters)."""
     path: str | None = None
     """A folder on the head's host, or ``prepared:<name>`` (operator adapters)."""
+
+
+@dataclass(frozen=True)
+class BaseShapes:
+    """A base model's layers as a LoRA adapter sees them: what an upload is checked
+    against before any engine sees it (docs/reference/adapters.md#validation).
+
+    The chat head answers it from its model's config (``base_shapes``); the gateway asks
+    once per base model (``adapter_base``) and checks every upload's tensors against it.
+    """
+
+    num_layers: int
+    modules: tuple[tuple[str, int, int], ...]
+    """(module name, in_features, out_features) of each module an adapter may target."""
+
+    def features(self, module: str) -> tuple[int, int] | None:
+        """(in_features, out_features) of ``module``; None where the base lacks it."""
+        for name, fan_in, fan_out in self.modules:
+            if name == module:
+                return fan_in, fan_out
+        return None
+
+
+def base_shapes(config: dict[str, object]) -> BaseShapes | None:
+    """From a Hugging Face decoder config of the Llama/Qwen/Mistral family (the text
+    config of a multimodal one); None where it lacks the sizes. A mixture-of-experts
+    model offers its attention projections only (its MLPs are experts)."""
+    try:
+        hidden = _positive(config["hidden_size"])
+        layers = _positive(config["num_hidden_layers"])
+        heads = _positive(config["num_attention_heads"])
+        kv_heads = _positive(config.get("num_key_value_heads") or heads)
+        head_dim = _positive(config.get("head_dim") or hidden // heads)
+    except (KeyError, TypeError, ValueError):
+        return None
+    modules = [
+        ("q_proj", hidden, heads * head_dim),
+        ("k_proj", hidden, kv_heads * head_dim),
+        ("v_proj", hidden, kv_heads * head_dim),
+        ("o_proj", heads * head_dim, hidden),
+    ]
+    experts = config.get("num_experts") or config.get("num_local_experts")
+    intermediate = config.get("intermediate_size")
+    if not experts and isinstance(intermediate, int) and intermediate > 0:
+        modules += [
+            ("gate_proj", hidden, intermediate),
+            ("up_proj", hidden, intermediate),
+            ("down_proj", intermediate, hidden),
+        ]
+    return BaseShapes(num_layers=layers, modules=tuple(modules))
+
+
+def _positive(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(value)
+    return value
 
 
 ForgetReply = Literal["unloaded", "forgotten", "absent"]

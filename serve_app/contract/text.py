@@ -54,8 +54,9 @@ class PromptSpec:
     tool_choice: Any = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     adapter: str | None = None
-    """Set by the head, never the gateway: the LoRA adapter (its ``<base>:<name>`` id, as
-    loaded into the engine) to generate with; None: the base model."""
+    """Set by the head, never the gateway: the LoRA adapter to generate with, by its unique
+    id (``AdapterRef.key``, its name in the engine; never ``<base>:<name>``, which another
+    organization may use too); None: the base model."""
 
 
 @dataclass

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from serve_app.catalog.config import CatalogModel
-from serve_app.contract.adapters import ForgetReply
+from serve_app.contract.adapters import BaseShapes, ForgetReply
 from serve_app.contract.audio import (
     SpeechHeadReply,
     SpeechHeadRequest,
@@ -282,6 +282,11 @@ class RayHeadClient:
         )
         return held
 
+    async def adapter_base(self) -> BaseShapes | None:
+        """A chat head's base model as adapters see it (uploads are checked against it)."""
+        reply: BaseShapes | None = await self.call("adapter_base")
+        return reply
+
     async def _forget_once(self, key: str) -> ForgetReply:
         response = self._handle.options(multiplexed_model_id=key).forget_adapter.remote(key)
         try:
@@ -416,6 +421,8 @@ class ChatCore(Protocol):
 
     async def forget_adapter(self, key: str) -> ForgetReply: ...
 
+    def adapter_base(self) -> BaseShapes | None: ...
+
 
 class SpeechCore(Protocol):
     """``deployments.audio.speech_head.SpeechHeadCore``."""
@@ -468,6 +475,9 @@ class LocalHeadClient:
 
     async def forget_adapter(self, key: str) -> bool:
         return await self.core.forget_adapter(key) == "unloaded"
+
+    async def adapter_base(self) -> BaseShapes | None:
+        return self.core.adapter_base()
 
 
 class LocalSpeechClient:

@@ -15,7 +15,7 @@ message:
 
 With ``config["lora"]`` (``LoraSettings``) it serves LoRA adapters: ``load_adapter`` reads
 the adapter's ``adapter_config.json`` (so a test sees the files reached the head) and a
-reply generated with an adapter starts with ``[<adapter id>]``.
+reply generated with an adapter starts with ``[<adapter key>]`` (its unique id).
 
 Text deltas carry chat-shaped logprobs when the request relays ``logprobs`` (the
 engine config's ``extra_params`` must list it, as vLLM's heads do).
@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from deployments.text.base import EngineEvent, EngineInfo, PreparedPrompt, TextEngine
-from serve_app.contract.adapters import ADAPTER_CONFIG, LoraSettings
+from serve_app.contract.adapters import ADAPTER_CONFIG, BaseShapes, LoraSettings, base_shapes
 from serve_app.contract.text import (
     GenerationDone,
     PromptSpec,
@@ -64,24 +64,35 @@ class ScriptedEngine(TextEngine):
         """The engine's own count per engine request id: (prompt tokens, completion tokens
         yielded so far), kept however the generation ends (tests compare the ledger to it)."""
         self.adapters: dict[str, dict[str, Any]] = {}
-        """Loaded adapters: model id -> its adapter_config.json."""
+        """Loaded adapters: their unique id (the LoRA name) -> its adapter_config.json."""
         self.adapter_log: list[tuple[str, str]] = []
-        """("load" | "unload", model id), in order."""
+        """("load" | "unload", the adapter's unique id), in order."""
 
     def lora_settings(self) -> LoraSettings | None:
         raw = self.config.get("lora")
         return None if raw is None else LoraSettings.model_validate(raw)
 
-    async def load_adapter(self, model_id: str, path: str) -> None:
-        if self.lora_settings() is None:
-            await super().load_adapter(model_id, path)
-        with open(f"{path}/{ADAPTER_CONFIG}") as handle:
-            self.adapters[model_id] = json.load(handle)
-        self.adapter_log.append(("load", model_id))
+    def adapter_base(self) -> BaseShapes | None:
+        """``config["base"]`` (a Hugging Face config's sizes), else a tiny decoder: two
+        layers, hidden and intermediate size 16 (``tests.fixtures.adapters``' default)."""
+        default = {
+            "hidden_size": 16,
+            "intermediate_size": 16,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+        }
+        return base_shapes(self.config.get("base", default))
 
-    async def unload_adapter(self, model_id: str) -> None:
-        if self.adapters.pop(model_id, None) is not None:
-            self.adapter_log.append(("unload", model_id))
+    async def load_adapter(self, lora_name: str, path: str) -> None:
+        if self.lora_settings() is None:
+            await super().load_adapter(lora_name, path)
+        with open(f"{path}/{ADAPTER_CONFIG}") as handle:
+            self.adapters[lora_name] = json.load(handle)
+        self.adapter_log.append(("load", lora_name))
+
+    async def unload_adapter(self, lora_name: str) -> None:
+        if self.adapters.pop(lora_name, None) is not None:
+            self.adapter_log.append(("unload", lora_name))
 
     async def start(self) -> EngineInfo:
         return EngineInfo(

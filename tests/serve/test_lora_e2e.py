@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from serve_app.storage.db import Database
 from serve_app.storage.schema import orgs, usage_records
-from tests.fixtures.adapters import adapter_files, zipped
+from tests.fixtures.adapters import adapter_files, zero_lora_b, zipped
 from tests.serve.conftest import JSON_ADAPTER, SMOLLM, ServeStack
 
 pytestmark = pytest.mark.serve
@@ -133,23 +133,72 @@ def test_ledger_rows_under_the_adapter_id(serve_stack: ServeStack) -> None:
     assert rows[0]["input_per_mtok"] == 0.1  # the base model's price
 
 
+def _key(stack: ServeStack, key: str, name: str) -> str:
+    """An uploaded adapter's unique id: its LoRA name in the head."""
+    with stack.http(key) as http:
+        resp = http.get(f"/api/adapters/{name}")
+    assert resp.status_code == 200, resp.text
+    return str(resp.json()["id"])
+
+
 def test_three_adapters_on_two_slots(serve_stack: ServeStack, admin: str) -> None:
     from ray import serve
 
     archive = zipped(_trained_files())
-    names = []
+    names, keys = [], {ADAPTER: f"catalog:{ADAPTER}"}
     for name in ("evict-a", "evict-b"):
         resp = _upload(serve_stack, admin, name, archive)
         assert resp.status_code in (200, 409), resp.text
         names.append(f"{SMOLLM}:{name}")
+        keys[names[-1]] = _key(serve_stack, admin, name)
     head = serve.get_deployment_handle(f"chat-{SMOLLM}", app_name="gateway")
     with serve_stack.http() as http:
         for model in (ADAPTER, names[0], names[1], ADAPTER):
             assert _is_answer_object(_ask(http, model, QUESTIONS[2], max_tokens=12))
             loaded = head.loaded_adapters.remote().result(timeout_s=30)
-            assert model in loaded and len(loaded) <= 2, loaded
-    assert names[0] not in loaded  # evicted twice over: least recently used
+            assert keys[model] in loaded and len(loaded) <= 2, loaded
+    assert keys[names[0]] not in loaded  # evicted twice over: least recently used
     with serve_stack.http(admin) as http:
         assert http.delete("/api/adapters/evict-b").status_code == 200
     loaded = head.loaded_adapters.remote().result(timeout_s=30)
-    assert names[1] not in loaded  # deleting unloads it
+    assert keys[names[1]] not in loaded  # deleting unloads it
+
+
+def test_two_organizations_one_name_each_their_own_weights(
+    serve_stack: ServeStack, admin: str
+) -> None:
+    """Org A's ``support`` is the trained JSON adapter, org B's the same with zero B
+    matrices (it adds nothing: B's answers are the base model's, exactly, at temperature
+    0). Interleaved calls each get their own weights; A's deletion leaves B's working;
+    A's name uploaded again (zero B now) never runs A's old weights."""
+    trained = _trained_files()
+    zeroed = {
+        **trained,
+        "adapter_model.safetensors": zero_lora_b(trained["adapter_model.safetensors"]),
+    }
+    other = serve_stack.store.create_key("e2e-lora-b", "e2e-lora-org-b", role="admin")
+    assert _upload(serve_stack, admin, "support", zipped(trained)).status_code == 200
+    assert _upload(serve_stack, other, "support", zipped(zeroed)).status_code == 200
+    model = f"{SMOLLM}:support"
+    with serve_stack.http() as http:
+        base = {q: _ask(http, SMOLLM, q) for q in QUESTIONS}
+    calls = [(key, q) for q in QUESTIONS for key in (admin, other)] * 2
+    with ThreadPoolExecutor(len(calls)) as pool:
+        answers = list(pool.map(lambda c: _ask_as(serve_stack, c[0], model, c[1]), calls))
+    for (key, question), text in zip(calls, answers, strict=True):
+        if key == admin:
+            assert _is_answer_object(text), (question, text)
+        else:
+            assert text == base[question], (question, text)
+    with serve_stack.http(admin) as http:
+        assert http.delete("/api/adapters/support").status_code == 200
+    for question in QUESTIONS:
+        assert _ask_as(serve_stack, other, model, question) == base[question]
+    assert _upload(serve_stack, admin, "support", zipped(zeroed)).status_code == 200
+    for question in QUESTIONS:  # the new upload, not the old weights still cached anywhere
+        assert _ask_as(serve_stack, admin, model, question) == base[question]
+
+
+def _ask_as(stack: ServeStack, key: str, model: str, question: str) -> str:
+    with stack.http(key) as http:
+        return _ask(http, model, question)

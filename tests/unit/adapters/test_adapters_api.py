@@ -1,9 +1,12 @@
 """``/api/adapters`` and ``<base>:<adapter>`` ids through the in-process gateway
 (docs/reference/adapters.md), on a scripted head that serves adapters: its replies
-start with ``[<adapter id>]`` when generated with one."""
+start with ``[<adapter key>]`` (the adapter's unique id, its LoRA name in the engine)
+when generated with one."""
 
 from __future__ import annotations
 
+import bz2
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,8 @@ from tests.fixtures.gateway import GatewayHarness, HarnessFactory
 
 BASE = LORA_BASE
 PLAIN = PLAIN_CHAT
+OPS = f"catalog:{BASE}:ops"
+"""The operator adapter ``ops``' key."""
 
 
 @pytest.fixture
@@ -76,15 +81,15 @@ async def test_upload_list_use_and_delete(lora_gateway: GatewayHarness) -> None:
     reply = await _chat(lora_gateway, "user", f"{BASE}:mine")
     assert reply.status_code == 200, reply.text
     assert reply.json()["model"] == f"{BASE}:mine"
-    assert reply.json()["choices"][0]["message"]["content"].startswith(f"[{BASE}:mine]")
+    assert reply.json()["choices"][0]["message"]["content"].startswith(f"[{made['id']}]")
     base = await _chat(lora_gateway, "user", BASE)
     assert not base.json()["choices"][0]["message"]["content"].startswith("[")
     engine = lora_gateway.engines[BASE]
-    assert engine.adapters[f"{BASE}:mine"]["r"] == 4  # the uploaded files reached the head
+    assert engine.adapters[made["id"]]["r"] == 4  # the uploaded files reached the head
     async with lora_gateway.client(lora_gateway.keys["admin"]) as http:
         assert (await http.delete("/api/adapters/mine")).status_code == 200
         assert (await http.get("/api/adapters/mine")).status_code == 404
-    assert ("unload", f"{BASE}:mine") in engine.adapter_log  # deleting unloads it
+    assert ("unload", made["id"]) in engine.adapter_log  # deleting unloads it
     gone = await _chat(lora_gateway, "user", f"{BASE}:mine")
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
 
@@ -95,11 +100,11 @@ async def test_streams_and_completions_use_the_adapter(lora_gateway: GatewayHarn
         model=f"{BASE}:ops", messages=[{"role": "user", "content": "hi"}], stream=True
     )
     text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
-    assert text.startswith(f"[{BASE}:ops]")
+    assert text.startswith(f"[{OPS}]")
     completion = await client.completions.create(model=f"{BASE}:ops", prompt="say something")
-    assert completion.choices[0].text.startswith(f"[{BASE}:ops]")
+    assert completion.choices[0].text.startswith(f"[{OPS}]")
     response = await client.responses.create(model=f"{BASE}:ops", input="hi there")
-    assert response.output_text.startswith(f"[{BASE}:ops]")
+    assert response.output_text.startswith(f"[{OPS}]")
 
 
 async def test_other_organizations_and_unknown_adapters_are_404(
@@ -169,20 +174,22 @@ async def test_metered_under_the_adapter_id_at_its_price(
 async def test_three_adapters_on_two_slots_evict_the_least_recently_used(
     lora_gateway: GatewayHarness,
 ) -> None:
+    keys = {}
     for name in ("a1", "a2", "a3"):
-        assert (await _upload(lora_gateway, "admin", name, zipped(adapter_files()))).is_success
+        made = await _upload(lora_gateway, "admin", name, zipped(adapter_files()))
+        keys[name] = made.json()["id"]
     for name in ("a1", "a2", "a1", "a3", "a2"):
         reply = await _chat(lora_gateway, "user", f"{BASE}:{name}")
         content = reply.json()["choices"][0]["message"]["content"]
-        assert content.startswith(f"[{BASE}:{name}]")
+        assert content.startswith(f"[{keys[name]}]")
     log = lora_gateway.engines[BASE].adapter_log
     assert log == [
-        ("load", f"{BASE}:a1"),
-        ("load", f"{BASE}:a2"),
-        ("unload", f"{BASE}:a2"),  # a1 was used after a2: a2 is the least recent
-        ("load", f"{BASE}:a3"),
-        ("unload", f"{BASE}:a1"),
-        ("load", f"{BASE}:a2"),
+        ("load", keys["a1"]),
+        ("load", keys["a2"]),
+        ("unload", keys["a2"]),  # a1 was used after a2: a2 is the least recent
+        ("load", keys["a3"]),
+        ("unload", keys["a1"]),
+        ("load", keys["a2"]),
     ]
     assert len(lora_gateway.engines[BASE].adapters) == 2
 
@@ -193,3 +200,75 @@ async def test_adapter_calls_count_toward_the_callers_limits(lora_gateway: Gatew
     assert (await _chat(lora_gateway, "user", f"{BASE}:ops")).status_code == 200
     limited = await _chat(lora_gateway, "user", f"{BASE}:ops")  # the third in the minute
     assert limited.status_code == 429, limited.text
+
+
+async def test_same_name_in_two_organizations_are_two_adapters(
+    lora_gateway: GatewayHarness,
+) -> None:
+    """Names are unique per organization only: each org's calls get its own weights,
+    interleaved, and one org's deletion leaves the other's working."""
+    mine = await _upload(lora_gateway, "admin", "support", zipped(adapter_files(rank=4)))
+    theirs = await _upload(lora_gateway, "other_admin", "support", zipped(adapter_files(rank=8)))
+    assert mine.is_success and theirs.is_success, (mine.text, theirs.text)
+    key_a, key_b = mine.json()["id"], theirs.json()["id"]
+    assert key_a != key_b
+    for who, key in (("admin", key_a), ("other_admin", key_b), ("admin", key_a)):
+        reply = await _chat(lora_gateway, who, f"{BASE}:support")
+        assert reply.json()["model"] == f"{BASE}:support"
+        assert reply.json()["choices"][0]["message"]["content"].startswith(f"[{key}]")
+    engine = lora_gateway.engines[BASE]
+    assert engine.adapters[key_a]["r"] == 4 and engine.adapters[key_b]["r"] == 8
+    async with lora_gateway.client(lora_gateway.keys["admin"]) as http:
+        assert (await http.delete("/api/adapters/support")).status_code == 200
+    assert key_a not in engine.adapters and key_b in engine.adapters
+    reply = await _chat(lora_gateway, "other_admin", f"{BASE}:support")
+    assert reply.json()["choices"][0]["message"]["content"].startswith(f"[{key_b}]")
+    gone = await _chat(lora_gateway, "admin", f"{BASE}:support")
+    assert gone.status_code == 404
+
+
+async def test_a_name_uploaded_again_never_runs_the_old_weights(
+    lora_gateway: GatewayHarness,
+) -> None:
+    first = (await _upload(lora_gateway, "admin", "v", zipped(adapter_files(rank=4)))).json()
+    assert (await _chat(lora_gateway, "user", f"{BASE}:v")).status_code == 200
+    async with lora_gateway.client(lora_gateway.keys["admin"]) as http:
+        assert (await http.delete("/api/adapters/v")).status_code == 200
+    second = (await _upload(lora_gateway, "admin", "v", zipped(adapter_files(rank=8)))).json()
+    assert second["id"] != first["id"]
+    reply = await _chat(lora_gateway, "user", f"{BASE}:v")
+    assert reply.json()["choices"][0]["message"]["content"].startswith(f"[{second['id']}]")
+    assert lora_gateway.engines[BASE].adapters[second["id"]]["r"] == 8
+
+
+def _pax_bomb() -> bytes:
+    """A pax header declaring 1 GiB (tarfile read that in one call), bzip2'd."""
+    info = tarfile.TarInfo("pax")
+    info.type = tarfile.XHDTYPE
+    info.size = 1 << 30
+    return bz2.compress(info.tobuf(tarfile.USTAR_FORMAT) + bytes(8192))
+
+
+async def test_hostile_archives_and_misfit_adapters_get_the_400_envelope(
+    lora_gateway: GatewayHarness,
+) -> None:
+    """Refused before anything is stored or any engine sees them
+    (test_hostile_archives.py and test_checks.py have the rest)."""
+    cases = [
+        (_pax_bomb(), "unsafe_archive", "extended header declares"),
+        (zipped(adapter_files(width=32)), "invalid_adapter", "needs [8, 16]"),
+        (zipped(adapter_files(layers=3)), "invalid_adapter", "the base model has 2 layers"),
+    ]
+    for data, code, reason in cases:
+        resp = await _upload(lora_gateway, "admin", "hostile", data)
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+        assert (error["type"], error["code"], error["param"]) == (
+            "invalid_request_error",
+            code,
+            "file",
+        )
+        assert reason in error["message"]
+    assert lora_gateway.engines[BASE].adapter_log == []
+    async with lora_gateway.client(lora_gateway.keys["admin"]) as http:
+        assert (await http.get("/api/adapters/hostile")).status_code == 404

@@ -187,7 +187,7 @@ def _ref(tmp_path: Path, key: str = KEY, name: str = "a") -> AdapterRef:
 
 async def test_drop_takes_the_key_out_of_serves_lru_and_pushes(tmp_path: Path) -> None:
     slots = AdapterSlots(_Engine(), AdapterFiles(None, tmp_path))
-    model = MultiplexedAdapter(slots, "base:a", asyncio.get_running_loop())
+    model = MultiplexedAdapter(slots, KEY, asyncio.get_running_loop())
     wrapper = _Wrapper({"other": object(), KEY: model})
     assert await drop_multiplexed(_owner(wrapper), KEY)
     assert list(wrapper.models) == ["other"] and wrapper._push_multiplexed_replica_info
@@ -224,12 +224,12 @@ async def test_slots_forget_answers_and_never_load_it_again(tmp_path: Path) -> N
     slots = AdapterSlots(engine, AdapterFiles(None, tmp_path), max_loaded=2)
     assert await slots.forget("never") == "absent"
     await slots.load(_ref(tmp_path))
-    assert await slots.forget(KEY) == "unloaded" and ("unload", "base:a") in engine.log
+    assert await slots.forget(KEY) == "unloaded" and ("unload", KEY) in engine.log
     assert await slots.forget(KEY) == "forgotten"
     with pytest.raises(NotFoundError):
         await slots.load(_ref(tmp_path))  # a request resolved before the deletion
     await slots.load(_ref(tmp_path, key="ad_2"))  # a new upload under the same name loads
-    assert slots.loaded == ["base:a"] and engine.log[-1] == ("load", "base:a")
+    assert slots.loaded == ["ad_2"] and engine.log[-1] == ("load", "ad_2")
 
 
 async def test_the_chat_head_replica_drops_it_from_serve_and_the_engine(
@@ -240,11 +240,11 @@ async def test_the_chat_head_replica_drops_it_from_serve_and_the_engine(
     await slots.load(_ref(tmp_path))
     core = ChatHeadCore.__new__(ChatHeadCore)
     core.adapters = slots
-    model = MultiplexedAdapter(slots, "base:a", asyncio.get_running_loop())
+    model = MultiplexedAdapter(slots, KEY, asyncio.get_running_loop())
     wrapper = _Wrapper({KEY: model})
     head = SimpleNamespace(core=core, _multiplex_owner=_owner(wrapper))
     forget = ChatHead.func_or_class.forget_adapter
     assert await forget(head, KEY) == "unloaded"
-    assert not wrapper.models and slots.loaded == [] and ("unload", "base:a") in engine.log
+    assert not wrapper.models and slots.loaded == [] and ("unload", KEY) in engine.log
     assert await forget(head, KEY) == "forgotten"
     assert await forget(head, "other") == "absent"

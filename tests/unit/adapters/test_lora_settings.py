@@ -81,10 +81,26 @@ async def test_an_adapter_in_use_is_unloaded_when_its_last_request_ends(tmp_path
     await slots.load(a)
     async with slots.using(a):
         await slots.load(b)  # evicts a while it generates: a stays in the engine
-        assert ("unload", "m:a") not in engine.log and slots.loaded == ["m:b"]
-    assert engine.log == [("load", "m:a"), ("load", "m:b"), ("unload", "m:a")]
+        assert ("unload", "a") not in engine.log and slots.loaded == ["b"]
+    assert engine.log == [("load", "a"), ("load", "b"), ("unload", "a")]
     async with slots.using(b):
         await slots.load(a)  # b in use: drained later; a asked again while draining
         await slots.load(b)  # back before it was unloaded: not loaded twice
-    assert engine.log.count(("load", "m:b")) == 1
-    assert await slots.forget("b") == "unloaded" and ("unload", "m:b") in engine.log
+    assert engine.log.count(("load", "b")) == 1
+    assert await slots.forget("b") == "unloaded" and ("unload", "b") in engine.log
+
+
+async def test_slots_key_adapters_by_their_unique_id_not_their_name(tmp_path: Path) -> None:
+    """Two organizations' ``m:support``, or one name deleted and uploaded again on a
+    replica that missed the deletion: different adapters, each loaded under its key."""
+    engine = _Engine()
+    slots = AdapterSlots(engine, AdapterFiles(None, tmp_path), max_loaded=2)
+    org_a, org_b = (AdapterRef(key=k, model_id="m:support", path=str(tmp_path)) for k in "AB")
+    await slots.load(org_a)
+    await slots.load(org_b)  # the same name: loaded again, under its own key
+    assert engine.log == [("load", "A"), ("load", "B")] and slots.loaded == ["A", "B"]
+    async with slots.using(org_a):
+        await slots.load(org_a)  # its own slot, reused
+    assert engine.log == [("load", "A"), ("load", "B")] and slots.loaded == ["B", "A"]
+    assert await slots.forget("A") == "unloaded"
+    assert slots.loaded == ["B"] and engine.log[-1] == ("unload", "A")

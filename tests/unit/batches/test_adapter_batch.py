@@ -2,7 +2,8 @@
 synchronous call on it (docs/reference/adapters.md#batches), on SQLite and PostgreSQL.
 
 The scripted head serving adapters starts a reply generated with one with
-``[<adapter id>]`` and records the adapter's config it loaded (``tests.fakes``).
+``[<adapter key>]`` (its unique id) and records the adapter's config it loaded
+(``tests.fakes``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ from tests.fixtures.adapters import (
 from tests.unit.batches.conftest import BatchHarness, make_batch_harness
 
 MINE = f"{LORA_BASE}:mine"
+
+
+async def _key(harness: BatchHarness, model: str) -> str:
+    """The adapter's unique id (its LoRA name in the engine): an upload's ``lora-...``
+    id, an operator adapter's ``catalog:<model>``."""
+    if model != MINE:
+        return f"catalog:{model}"
+    async with harness.client("admin") as http:
+        return str((await http.get("/api/adapters/mine")).json()["id"])
 
 
 def _line(custom_id: str, model: str, url: str = "/v1/chat/completions") -> dict[str, Any]:
@@ -73,12 +83,13 @@ async def test_adapter_lines_run_like_the_synchronous_call_billed_under_the_adap
             body = outputs[cid]["response"]["body"]
             assert body["model"] == model
             text = body["choices"][0]["message"]["content"]
-            assert text.startswith(f"[{model}]")  # generated with the adapter
+            assert text.startswith(f"[{await _key(lora_batches, model)}]")  # the adapter
             live = (await http.post("/v1/chat/completions", json=_line(cid, model)["body"])).json()
             assert live["choices"][0]["message"]["content"] == text
     base_text = outputs["base"]["response"]["body"]["choices"][0]["message"]["content"]
     assert not base_text.startswith("[")
-    assert ("load", MINE) in lora_batches.gw.engines[LORA_BASE].adapter_log
+    mine = await _key(lora_batches, MINE)
+    assert ("load", mine) in lora_batches.gw.engines[LORA_BASE].adapter_log
 
     # One record per line, under the adapter's id, at its price times the discount.
     records = {r.request_id: r for r in lora_batches.ledger() if r.batch_id == created["id"]}
@@ -102,7 +113,8 @@ async def test_completions_batches_take_adapters_too(lora_batches: BatchHarness)
     await lora_batches.worker.drain()
     done = await lora_batches.get(created["id"])
     [output] = await lora_batches.content(done["output_file_id"])
-    assert output["response"]["body"]["choices"][0]["text"].startswith(f"[{MINE}]")
+    text = output["response"]["body"]["choices"][0]["text"]
+    assert text.startswith(f"[{await _key(lora_batches, MINE)}]")
 
 
 @pytest.mark.parametrize(
