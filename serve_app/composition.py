@@ -124,7 +124,7 @@ def build_state(
         auth=_auth(database, settings),
         text=text,
         audio=_audio(config, catalog, speech_heads, transcription_heads, readiness, metering),
-        responses=ResponsesService(text, tools),
+        responses=ResponsesService(text, tools, config.responses),
         tool_chat=ToolChatService(text, tools),
         documents=_documents(config, catalog, document_heads, readiness, images, metering),
         video=_video(
