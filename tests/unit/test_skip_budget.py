@@ -90,3 +90,16 @@ def test_the_shipped_list_names_real_tests_with_reasons() -> None:
     ):
         assert unallowed({node: "why"}, entries) == {node: "why"}
     assert unallowed({"a::b": "r"}, [Allowed("a::*", "ok")]) == {}
+
+
+def test_a_sandbox_test_skip_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.fixtures import sandbox_host
+
+    monkeypatch.setattr(sandbox_host.shutil, "which", lambda tool: None)
+    monkeypatch.setattr(sandbox_host.os, "geteuid", lambda: 1000)
+    missing = sandbox_host.missing_for_slirp()
+    assert missing is not None
+    assert "bwrap is not on PATH (apt-get install bubblewrap)" in missing
+    assert "slirp4netns is not on PATH (apt-get install slirp4netns)" in missing
+    assert "not root (euid 1000)" in missing
+    assert "not root (euid 1000)" in (sandbox_host.missing_for_run_cgroup() or "")

@@ -6,7 +6,6 @@ These run real bubblewrap sandboxes; they are skipped where bwrap is missing.
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import time
@@ -17,6 +16,7 @@ import pytest
 
 from deployments.sandbox.bwrap import BwrapSandbox
 from serve_app.contract.sandbox import CodeInterpreterOptions
+from tests.fixtures.sandbox_host import missing_for_slirp
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing")
 
@@ -165,9 +165,10 @@ def loopback_port() -> Iterator[int]:
     server.close()
 
 
-@pytest.mark.skipif(
-    shutil.which("slirp4netns") is None or os.geteuid() != 0, reason="slirp4netns as root"
-)
+_NO_SLIRP = missing_for_slirp()
+
+
+@pytest.mark.skipif(_NO_SLIRP is not None, reason=f"needs: {_NO_SLIRP}")
 async def test_slirp_network_refuses_host_loopback_and_private_ranges(loopback_port: int) -> None:
     code = f"""
 import socket
