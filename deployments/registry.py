@@ -258,3 +258,20 @@ def model_references(backend: Backend, config: Any) -> list[str]:
         if isinstance(value, str) and value:
             found.append(value)
     return found
+
+
+def stand_in_engine(head: str, name: str) -> str | None:
+    """Why ``engine.backend`` is a test's stand-in production must not serve, or None.
+
+    A ``module:Class`` engine and a builder registered at run time are how tests put a
+    scripted engine behind a real head: it answers 200 with output that means nothing
+    (docs/deployment.md, "Refusals"; ``serve_app.composition.catalog_stand_ins``).
+    """
+    if ":" in name:
+        return (
+            f"engine.backend {name} is a module:Class engine outside the backend registry "
+            "(a test's engine)"
+        )
+    if (head, name) in _REGISTERED:
+        return f"engine.backend {name} is registered at run time (a test's engine)"
+    return None

@@ -34,8 +34,11 @@ logger = logging.getLogger(__name__)
 class ToolRunnerCore:
     """The replica's work without Serve, so it is testable in-process."""
 
-    def __init__(self, options: dict[str, Any]) -> None:
-        self.sandbox = BwrapSandbox(CodeInterpreterOptions.model_validate(options))
+    def __init__(self, options: dict[str, Any], production: bool = False) -> None:
+        # production: no silent downgrade to no network (SandboxNetworkMissing at start-up)
+        self.sandbox = BwrapSandbox(
+            CodeInterpreterOptions.model_validate(options), strict_network=production
+        )
         if not self.sandbox.available():
             logger.warning(
                 "bubblewrap or %s missing on this node: code_interpreter runs will fail "
@@ -57,6 +60,6 @@ class ToolRunnerCore:
 class ToolRunner(ToolRunnerCore):
     """Tool-runner replicas; sized by ``tool_runner`` in the gateway's Serve args."""
 
-    def __init__(self, options: dict[str, Any]) -> None:
+    def __init__(self, options: dict[str, Any], production: bool = False) -> None:
         configure_replica_logging()
-        super().__init__(options)
+        super().__init__(options, production)

@@ -23,6 +23,7 @@ from deployments.tool_runner import ToolRunner
 from deployments.video.head import VideoHead
 from serve_app.adapters.store import open_head_objects
 from serve_app.catalog.config import CatalogModel
+from serve_app.composition import stand_in_refusals
 from serve_app.config import GatewayAppArgs, ToolRunnerOptions
 from serve_app.ingress.deployment import Gateway
 from serve_app.jobs.store import open_worker_stores
@@ -116,8 +117,9 @@ def build_gateway_app(args: dict[str, Any]) -> Application:
     SQLite and in-process counters.
     """
     config = GatewayAppArgs.model_validate(args)
-    if config.deployment_mode == "production":
-        require_production_ready(GatewaySettings())
+    production = config.deployment_mode == "production"
+    if production:
+        require_production_ready(GatewaySettings(), stand_in_refusals(config.catalog))
     heads: dict[str, Application] = {}
     for model in config.catalog:
         app = head_application(
@@ -126,7 +128,9 @@ def build_gateway_app(args: dict[str, Any]) -> Application:
         if app is not None:
             heads[model.id] = app
     ingress = config.ingress
-    runner = tool_runner_application(config.tool_runner, config.tools.code_interpreter.model_dump())
+    runner = tool_runner_application(
+        config.tool_runner, config.tools.code_interpreter.model_dump(), production=production
+    )
     return Gateway.options(  # type: ignore[attr-defined]
         num_replicas=ingress.num_replicas,
         max_ongoing_requests=ingress.max_ongoing_requests,
@@ -135,9 +139,10 @@ def build_gateway_app(args: dict[str, Any]) -> Application:
 
 
 def tool_runner_application(
-    options: ToolRunnerOptions, sandbox_options: dict[str, Any]
+    options: ToolRunnerOptions, sandbox_options: dict[str, Any], *, production: bool = False
 ) -> Application | None:
-    """The code sandbox's deployment, or None where the ingress runs it in-process."""
+    """The code sandbox's deployment, or None where the ingress runs it in-process;
+    ``production``: its replicas refuse to start without the sandbox's network."""
     if not options.enabled:
         return None
     return ToolRunner.options(  # type: ignore[attr-defined]
@@ -145,4 +150,4 @@ def tool_runner_application(
         num_replicas=options.num_replicas,
         max_ongoing_requests=options.max_ongoing_requests,
         ray_actor_options=options.ray_actor_options,
-    ).bind(sandbox_options)
+    ).bind(sandbox_options, production)

@@ -21,10 +21,12 @@ sandbox and the dedicated endpoints' head deployment are chosen here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
+from deployments import registry
+from deployments.models.reference import is_tiny
 from deployments.replica_logging import configure_replica_logging
 from deployments.sandbox.bwrap import BwrapSandbox
 from serve_app.adapters.service import AdapterService
@@ -36,6 +38,7 @@ from serve_app.batches.service import BatchService
 from serve_app.batches.store import BatchStore
 from serve_app.batches.worker import BatchWorker
 from serve_app.catalog.catalog import Catalog
+from serve_app.catalog.config import CatalogModel
 from serve_app.config import GatewayAppArgs
 from serve_app.dedicated.api.facade import Dedicated, build_dedicated
 from serve_app.dedicated.control.backend import ServeBackend
@@ -79,6 +82,42 @@ from serve_app.tools.runners import ToolRuntime
 from serve_app.tools.sandbox import CodeSandbox, RemoteSandbox
 
 logger = logging.getLogger(__name__)
+
+
+def catalog_stand_ins(catalog: Iterable[CatalogModel]) -> list[tuple[str, str]]:
+    """(model id, why) for each stand-in of a catalog: a test engine (``module:Class``, a
+    builder registered at run time: ``deployments.registry.stand_in_engine``) or a random-weight
+    ``tiny:`` model (CPU demos, tests of the GPU backends' code paths). Each answers 200 with
+    output that means nothing: production refuses them, and ``gateway check`` names them."""
+    found: list[tuple[str, str]] = []
+    for model in catalog:
+        if model.is_external:
+            continue
+        engine = registry.stand_in_engine(model.head, model.engine.backend)
+        if engine is not None:
+            found.append((model.id, engine))
+        found.extend(
+            (model.id, f"{value} is a random-weight tiny model (tests and CPU demos)")
+            for value in _strings(model.engine.config)
+            if is_tiny(value)
+        )
+    return found
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string inside an engine config (model sources sit at any depth)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for item in value.values() for s in _strings(item)]
+    if isinstance(value, list | tuple):
+        return [s for item in value for s in _strings(item)]
+    return []
+
+
+def stand_in_refusals(catalog: Iterable[CatalogModel]) -> list[str]:
+    """``catalog_stand_ins`` as the lines of a ``ProductionRefused``."""
+    return [f"model {model_id}: {why}" for model_id, why in catalog_stand_ins(catalog)]
 
 
 def build_state(
@@ -125,7 +164,7 @@ def build_state(
         auth=_auth(database, settings),
         text=text,
         audio=_audio(config, catalog, speech_heads, transcription_heads, readiness, metering),
-        responses=ResponsesService(text, tools),
+        responses=ResponsesService(text, tools, config.responses),
         tool_chat=ToolChatService(text, tools),
         documents=_documents(config, catalog, document_heads, readiness, images, metering),
         video=_video(
@@ -267,10 +306,11 @@ def _tools(
 ) -> ToolRuntime:
     """The hosted tools of chat and responses; code runs in ``sandbox`` (the tool-runner
     replicas under Serve), else in a bubblewrap sandbox of this process."""
+    production = config.deployment_mode == "production"
     return ToolRuntime.from_options(
         config.tools,
         settings.state_dir,
-        sandbox=sandbox or BwrapSandbox(config.tools.code_interpreter),
+        sandbox=sandbox or BwrapSandbox(config.tools.code_interpreter, strict_network=production),
     )
 
 
@@ -370,7 +410,7 @@ async def build_replica(
     )
     settings = get_settings()
     if config.deployment_mode == "production":  # each replica's own environment counts
-        require_production_ready(settings)
+        require_production_ready(settings, stand_in_refusals(config.catalog))
     database = Database.from_settings(settings)
     database.migrate()
     dedicated_backend = None

@@ -108,6 +108,17 @@ class EmbeddingOptions(_Strict):
     )
 
 
+class ResponsesOptions(_Strict):
+    """``POST /v1/responses`` (docs/reference/responses.md#request)."""
+
+    structured_text_formats: bool = Field(
+        default=False,
+        description="Accept text.format json_schema and json_object and decode them with a "
+        "grammar on models that honour structured outputs (an extension agent frameworks "
+        "use for typed outputs). Off, as the contract says: only text, any other format 400.",
+    )
+
+
 class AudioOptions(_Strict):
     """Speech and transcription routes (docs/reference/audio.md,
     docs/reference/common.md#limits)."""
@@ -356,6 +367,9 @@ class GatewayAppArgs(_Strict):
     )
     embeddings: EmbeddingOptions = Field(
         default_factory=EmbeddingOptions, description="Embeddings, rerank and score routes."
+    )
+    responses: ResponsesOptions = Field(
+        default_factory=ResponsesOptions, description="The /v1/responses route."
     )
     tools: ToolsOptions = Field(
         default_factory=ToolsOptions,

@@ -8,6 +8,7 @@ from ``GATEWAY_*`` variables. Model and route layout live in the Serve config
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -163,14 +164,17 @@ def production_refusals(settings: GatewaySettings) -> list[str]:
     return problems
 
 
-def require_production_ready(settings: GatewaySettings) -> None:
-    """Raise ``ProductionRefused`` listing every gap; the gateway then does not start."""
-    problems = production_refusals(settings)
+def require_production_ready(settings: GatewaySettings, stand_ins: Sequence[str] = ()) -> None:
+    """Raise ``ProductionRefused`` listing every gap; the gateway then does not start.
+
+    ``stand_ins``: the catalog's test engines and random-weight models, one line each
+    (``serve_app.composition.stand_in_refusals``)."""
+    problems = [*production_refusals(settings), *stand_ins]
     if problems:
         lines = "\n".join(f"  - {p}" for p in problems)
         raise ProductionRefused(
-            "deployment_mode is production but the environment has one-machine defaults "
-            f"(docs/deployment.md, 'Refusals'):\n{lines}"
+            "deployment_mode is production but the environment has one-machine defaults or "
+            f"the catalog test parts (docs/deployment.md, 'Refusals'):\n{lines}"
         )
 
 

@@ -8,6 +8,7 @@ pytest_plugins = [
     "tests.fixtures.db",
     "tests.fixtures.gateway",
     "tests.fixtures.limits",
+    "tests.fixtures.skip_budget",
     "tests.fixtures.tool_servers",
 ]
 

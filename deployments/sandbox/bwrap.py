@@ -118,10 +118,12 @@ class BwrapSandbox:
         options: CodeInterpreterOptions,
         bwrap: str | None = None,
         cgroups: RunCgroups | None = None,
+        *,
+        strict_network: bool = False,
     ) -> None:
         self.options = options
         self.bwrap = bwrap or shutil.which("bwrap")
-        self.network = SandboxNetwork.for_mode(options.network)
+        self.network = SandboxNetwork.for_mode(options.network, strict=strict_network)
         self.cgroups = cgroups or RunCgroups()
 
     def available(self) -> bool:

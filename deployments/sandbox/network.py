@@ -10,7 +10,8 @@ bwrap waits on a pipe (``--block-fd``, see ``StartupSync``) until the network
 is ready, so the program never runs before the guard is in place.
 
 Without slirp4netns the sandbox gets no network at all (logged once), never
-the host's network; ``host`` exists for test rigs only.
+the host's network; in production that is a start-up error (``strict``). ``host``
+exists for test rigs only.
 """
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ class StartupSync:
                 os.close(fd)
 
 
+class SandboxNetworkMissing(RuntimeError):
+    """The configured network cannot be given (production start-up error)."""
+
+
 class SandboxNetwork:
     """``none``: loopback only inside the sandbox."""
 
@@ -100,13 +105,21 @@ class SandboxNetwork:
         yield
 
     @staticmethod
-    def for_mode(mode: str) -> SandboxNetwork:
+    def for_mode(mode: str, *, strict: bool = False) -> SandboxNetwork:
+        """``strict`` (production): a missing slirp4netns is an error, not a sandbox that
+        silently runs with no network."""
         if mode == "host":
             return HostNetwork()
         if mode == "slirp":
             slirp = shutil.which("slirp4netns")
             if slirp is not None:
                 return SlirpNetwork(slirp)
+            if strict:
+                raise SandboxNetworkMissing(
+                    "code_interpreter.network is slirp but slirp4netns is not installed on "
+                    "this node: production refuses to run the sandbox with no network; install "
+                    "slirp4netns, or set tools.code_interpreter.network: none to choose it"
+                )
             logger.warning("slirp4netns not installed: code sandbox runs get no network")
         return SandboxNetwork()
 

@@ -54,12 +54,6 @@ ROUTE_FOR_HEAD: dict[HeadKind, str] = {
     "pooling": "/v1/embeddings",
 }
 
-POOLING_PARAMETERS = {
-    "embedding": ("encoding_format", "input", "user"),
-    "score": ("documents", "query", "return_documents", "text_1", "text_2", "top_n", "user"),
-}
-"""Parameters of the pooling routes, per output modality (``dimensions`` where it applies)."""
-
 
 def route_for(model: CatalogModel) -> str:
     """The route that serves ``model`` (a score-only pooling model: /v1/rerank)."""
@@ -83,9 +77,7 @@ def honours_structured_outputs(model: CatalogModel) -> bool:
 
 
 def supported_parameters(model: CatalogModel) -> list[str]:
-    """Only what the model honours (docs/reference/models.md#model-card)."""
-    if model.head == "pooling":
-        return _pooling_parameters(model)
+    """Only what the chat model honours (docs/reference/models.md#model-card)."""
     params = set(_BASE_CHAT_PARAMETERS)
     if not model.reasoning.separate_channel:
         # refused on separate-channel models (docs/reference/chat.md#chat-request)
@@ -102,15 +94,6 @@ def supported_parameters(model: CatalogModel) -> list[str]:
         params.update({"response_format", "structured_outputs"})
     if on_vllm:
         params.update({"logprobs", "top_logprobs"})
-    return sorted(params)
-
-
-def _pooling_parameters(model: CatalogModel) -> list[str]:
-    params: set[str] = set()
-    for modality in model.output_modalities:
-        params.update(POOLING_PARAMETERS.get(modality, ()))
-    if model.pooling is not None and model.pooling.matryoshka_dimensions:
-        params.add("dimensions")
     return sorted(params)
 
 
@@ -153,9 +136,9 @@ def model_card(model: CatalogModel) -> ModelCard:
             if is_chat
             else None
         ),
-        supported_parameters=(
-            supported_parameters(model) if is_chat or model.head == "pooling" else None
-        ),
+        # Chat models only (the contract's model card): clients tell chat models apart by
+        # it; a pooling card says what it takes in ``pooling``.
+        supported_parameters=supported_parameters(model) if is_chat else None,
         pooling=_pooling_info(model),
         # docs/reference/common.md#external-models: routing and pricing are never published
         # together.

@@ -29,9 +29,9 @@ from serve_app.config import GatewayAppArgs
 from serve_app.contract.text import GenerationDone, HeadEvent, HeadStarted, TextDelta
 from serve_app.limits.buckets import CounterStore, Ticket
 from serve_app.limits.limiter import PlatformLimits, RateLimiter, build_counter_store
-from serve_app.metrics import GatewayMetrics
+from serve_app.metrics import GatewayMetrics, NoopBackend
 from serve_app.protocol.errors import RateLimitError
-from serve_app.settings import GatewaySettings
+from serve_app.settings import GatewaySettings, ProductionRefused
 from serve_app.storage.db import Database
 
 logger = logging.getLogger(__name__)
@@ -255,6 +255,17 @@ class MeteredRequest:
         self._metering.record(self.meta, status, quantities)
 
 
+def require_recording(metrics: GatewayMetrics) -> None:
+    """Production: the no-op backend (the last fallback, when neither Ray Serve's metrics
+    nor prometheus_client can be had) is a start-up error, not a gateway serving blind."""
+    if isinstance(metrics.backend, NoopBackend):
+        raise ProductionRefused(
+            "deployment_mode is production but no metrics backend is available (neither Ray "
+            "Serve's metrics nor prometheus_client): install prometheus_client "
+            "(docs/deployment.md, 'Refusals')"
+        )
+
+
 def build_metering(
     config: GatewayAppArgs,
     database: Database,
@@ -282,6 +293,8 @@ def build_metering(
     # The ledger rebuilds a lost daily quota counter (only when there is a ledger to read).
     daily_usage = LedgerStore(database).tokens_between if config.ledger.enabled else None
     metrics = metrics or GatewayMetrics()
+    if config.deployment_mode == "production":
+        require_recording(metrics)
     limiter = RateLimiter(
         store,
         platform,

@@ -9,21 +9,26 @@ from typing_extensions import TypedDict
 
 from serve_app.protocol.common import SamplingFields, Usage, absent_if_none
 
-_PROMPTS = {"type": "array", "items": {"type": "string"}, "minItems": 1}
+_PROMPT = {"type": "string", "minLength": 1}
+_PROMPTS = {"type": "array", "items": _PROMPT, "minItems": 1}
 
 
 class CompletionRequest(SamplingFields):
     """Request body; each prompt of an array is generated separately."""
 
-    prompt: str | Annotated[list[str], WithJsonSchema(_PROMPTS)] = Field(
-        description="One prompt or a non-empty list of prompts."
-    )
+    prompt: (
+        Annotated[str, WithJsonSchema(_PROMPT)] | Annotated[list[str], WithJsonSchema(_PROMPTS)]
+    ) = Field(description="One non-empty prompt or a non-empty list of them.")
 
     @field_validator("prompt")
     @classmethod
-    def _non_empty_list(cls, value: str | list[str]) -> str | list[str]:
+    def _non_empty(cls, value: str | list[str]) -> str | list[str]:
+        # An empty prompt reached the engine, which failed it as if it could not start (502).
         if isinstance(value, list) and not value:
             raise ValueError("prompt must contain at least one item")
+        prompts = [value] if isinstance(value, str) else value
+        if any(not p for p in prompts):
+            raise ValueError("prompt must not be an empty string")
         return value
 
     def prompts(self) -> list[str]:

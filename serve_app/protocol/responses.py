@@ -89,7 +89,9 @@ class ResponsesRequest(BaseModel):
     stream: bool = Field(default=False, description="Answer as named server-sent events.")
     temperature: float | None = Field(default=None, ge=0, le=2)
     text: dict[str, Any] | None = Field(
-        default=None, description="format: text, json_schema or json_object; verbosity."
+        default=None,
+        description="format: text (json_schema, json_object where the operator allows "
+        "them: responses.structured_text_formats); verbosity.",
     )
     tool_choice: str | dict[str, Any] | None = None
     tools: Annotated[

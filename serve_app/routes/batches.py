@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
 from serve_app.ingress.deps import InferenceCaller, State
 from serve_app.ingress.openapi import ERROR_RESPONSES
 from serve_app.protocol.batches import Batch, BatchCreateRequest, BatchList
+from serve_app.protocol.errors import ErrorEnvelope
+
+_NOT_CANCELLABLE: dict[int | str, dict[str, Any]] = {
+    409: {
+        "model": ErrorEnvelope,
+        "description": "`batch_not_cancellable`: the batch is finalizing or has ended "
+        "(completed, failed, expired)",
+    }
+}
 
 router = APIRouter(prefix="/v1", tags=["batches"])
 
@@ -51,7 +60,7 @@ async def get_batch(batch_id: str, caller: InferenceCaller, state: State) -> Bat
 @router.post(
     "/batches/{batch_id}/cancel",
     response_model=Batch,
-    responses=ERROR_RESPONSES,
+    responses={**ERROR_RESPONSES, **_NOT_CANCELLABLE},
     summary="Cancel a batch: no new line starts; finished lines are kept",
 )
 async def cancel_batch(batch_id: str, caller: InferenceCaller, state: State) -> Batch:

@@ -140,13 +140,16 @@ def test_every_deliberate_break_is_named_with_its_fix(
     assert named("model bad-hub-offline", "example-org/not-cached-model is a hub id")
     assert named("model bad-tiny", "no tiny:no-such-kind builder")
     assert named("model bad-engine-config", "engine.config.beam_size")
+    # production: a test engine and a random-weight model are refused, each on its own line
+    assert named("model bad-class-backend", "production refuses it", "module:Class engine")
+    assert named("model bad-tiny", "production refuses it", "random-weight tiny model")
     assert named("database", "127.0.0.1:1", "unreachable")
     assert not any("s3cret" in line for line in lines), "the password must not be printed"
     assert named("redis", "redis://127.0.0.1:1/0 is unreachable")
     assert named("object store", "S3 bucket videos is unreachable")
     # Production mode with a complete (if unreachable) environment: nothing refused.
     assert not any(line.startswith("environment: ") for line in lines)
-    assert len(lines) == 12, "\n".join(lines)
+    assert len(lines) == 14, "\n".join(lines)
 
 
 def test_production_mode_names_each_missing_variable(

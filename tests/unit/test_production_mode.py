@@ -156,3 +156,96 @@ async def test_an_open_limit_path_is_counted_and_production_fails_closed(
         with pytest.raises(ModelUnavailableError):
             await metering.limiter.admit(_limited(), "req-1", 10)
         assert _fail_open_count(registry) == 0
+
+
+STAND_IN_CATALOG: list[dict[str, Any]] = [
+    {
+        "id": "scripted-class",
+        "head": "chat",
+        "context_length": 64,
+        "max_output_tokens": 8,
+        "engine": {"backend": "tests.fakes.scripted_engine:ScriptedEngine"},
+    },
+    {
+        "id": "tiny-ocr",
+        "head": "parse",
+        "pricing": {"per_image": 0.001},
+        "engine": {
+            "backend": "vision-encoder-decoder",
+            "config": {"model": "tiny:vision-encoder-decoder", "field": "text", "device": "cpu"},
+        },
+    },
+]
+
+
+def test_production_refuses_test_engines_and_tiny_models(bare_env: pytest.MonkeyPatch) -> None:
+    """A scripted engine or a random-weight model answers 200 with meaningless output: the
+    builder refuses to start a production gateway with one, naming each."""
+    from serve_app.builders import build_gateway_app
+
+    for name, value in PRODUCTION_ENV.items():
+        bare_env.setenv(name, value)
+    args = {"deployment_mode": "production", "catalog": STAND_IN_CATALOG}
+    with pytest.raises(ProductionRefused) as refused:
+        build_gateway_app(args)
+    lines = [line for line in str(refused.value).splitlines() if line.startswith("  - ")]
+    assert len(lines) == 2, lines
+    assert "model scripted-class: engine.backend tests.fakes.scripted_engine:Scripted" in lines[0]
+    assert "model tiny-ocr: tiny:vision-encoder-decoder is a random-weight" in lines[1]
+    build_gateway_app({**args, "deployment_mode": "local"})  # locally they are the demos
+
+
+def test_the_shipped_production_catalog_has_no_stand_ins() -> None:
+    from serve_app.composition import stand_in_refusals
+
+    assert stand_in_refusals(GatewayAppArgs.model_validate(_production_args()).catalog) == []
+    local = yaml.safe_load((REPO_ROOT / "configs" / "local.yaml").read_text())
+    local_args = GatewayAppArgs.model_validate(local["applications"][0]["args"])
+    assert stand_in_refusals(local_args.catalog)  # the CPU demos: refused, were it production
+
+
+def test_production_refuses_the_no_op_metrics_backend(tmp_path: Any) -> None:
+    from serve_app.metrics import NoopBackend
+
+    def build(mode: str) -> None:
+        config = GatewayAppArgs.model_validate(
+            {"deployment_mode": mode, "ledger": {"enabled": False}}
+        )
+        build_metering(
+            config,
+            database=None,  # type: ignore[arg-type]  # the ledger is off: no database use
+            settings=GatewaySettings(state_dir=tmp_path),
+            counters=_DownStore(),
+            metrics=GatewayMetrics(NoopBackend()),
+        )
+
+    with pytest.raises(ProductionRefused, match="no metrics backend"):
+        build("production")
+    build("local")  # a laptop without prometheus_client still serves
+
+
+def test_production_refuses_a_sandbox_without_slirp4netns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Locally a missing slirp4netns leaves code runs with no network (logged); in production
+    the tool runner does not start."""
+    from deployments.sandbox import network
+    from deployments.tool_runner import ToolRunnerCore
+
+    monkeypatch.setattr(network.shutil, "which", lambda name: None)
+    local = ToolRunnerCore({"network": "slirp"})
+    assert type(local.sandbox.network) is network.SandboxNetwork  # the silent downgrade
+    with pytest.raises(network.SandboxNetworkMissing, match="slirp4netns is not installed"):
+        ToolRunnerCore({"network": "slirp"}, production=True)
+    chosen = ToolRunnerCore({"network": "none"}, production=True)  # no network, as chosen
+    assert type(chosen.sandbox.network) is network.SandboxNetwork
+
+
+def test_the_builder_tells_the_tool_runner_it_is_production(bare_env: pytest.MonkeyPatch) -> None:
+    from serve_app.builders import build_gateway_app
+
+    for name, value in PRODUCTION_ENV.items():
+        bare_env.setenv(name, value)
+    gateway = build_gateway_app(_production_args())._bound_deployment
+    runner = gateway.init_args[2]._bound_deployment
+    assert runner.init_args[1] is True

@@ -3,7 +3,8 @@
 Each application that runs ``serve_app.builders:build_gateway_app`` has its args read
 as ``GatewayAppArgs`` (the catalog included), each catalog entry's engine checked
 (``backends.check_model``), and a production application its environment: the
-settings production refuses to start without, and every external model's upstream key.
+settings production refuses to start without, every external model's upstream key, and
+the catalog's test engines and random-weight ``tiny:`` models.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pydantic import ValidationError
 
 from serve_app.cli.check.backends import check_model
 from serve_app.cli.check.problems import Problem
+from serve_app.composition import catalog_stand_ins
 from serve_app.config import GatewayAppArgs
 from serve_app.settings import GatewaySettings, production_refusals
 
@@ -50,6 +52,7 @@ def check_applications(
             problems.extend(check_model(model, settings, hub_allowed=hub_allowed))
         if config.deployment_mode == "production":  # locally `gateway run` mints the loopback key
             problems.extend(_external_keys(config))
+            problems.extend(_stand_ins(config))
     if production:
         problems.extend(
             Problem("environment", refusal, "export it in the env file (docs/deployment.md)")
@@ -78,6 +81,19 @@ def _args_problems(subject: str, exc: ValidationError) -> Iterator[Problem]:
             "correct the value (fields: serve_app/config.py, catalog entries: "
             "serve_app/catalog/config.py)",
         )
+
+
+def _stand_ins(config: GatewayAppArgs) -> list[Problem]:
+    """Test engines and random-weight models: production refuses to start with them."""
+    return [
+        Problem(
+            f"model {model_id}",
+            f"production refuses it: {why}",
+            "serve a registered backend with real weights, or drop the entry "
+            "(docs/deployment.md, 'Refusals')",
+        )
+        for model_id, why in catalog_stand_ins(config.catalog)
+    ]
 
 
 def _external_keys(config: GatewayAppArgs) -> list[Problem]:

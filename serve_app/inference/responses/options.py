@@ -59,8 +59,13 @@ class ResponseOptions:
         return extra
 
 
-def read_options(body: ResponsesRequest, model: CatalogModel) -> ResponseOptions:
-    """Check and translate the optional fields; 400 for what cannot be served."""
+def read_options(
+    body: ResponsesRequest, model: CatalogModel, *, structured_formats: bool = False
+) -> ResponseOptions:
+    """Check and translate the optional fields; 400 for what cannot be served.
+
+    ``structured_formats``: the operator's switch (``responses.structured_text_formats``)
+    that accepts ``text.format`` json_schema/json_object beyond the contract."""
     options = ResponseOptions()
     _read_include(body.include, options)
     if body.top_logprobs is not None:
@@ -70,7 +75,7 @@ def read_options(body: ResponsesRequest, model: CatalogModel) -> ResponseOptions
             options.ignored.append("top_logprobs")
     if body.background:
         raise _bad("background=true is not supported: responses are not queued.", "background")
-    _read_text(body.text, model, options)
+    _read_text(body.text, model, options, structured_formats)
     if body.truncation == "auto":
         options.ignored.append("truncation")  # never cut: an over-long input is a 400
     if body.service_tier is not None and body.service_tier not in _TIERS_APPLIED:
@@ -97,8 +102,14 @@ def _read_include(include: list[str] | None, options: ResponseOptions) -> None:
         # code_interpreter_call.outputs: every finished code call carries them anyway
 
 
-def _read_text(text: dict[str, Any] | None, model: CatalogModel, options: ResponseOptions) -> None:
-    """``text.format`` (text, json_schema, json_object) and ``text.verbosity``."""
+def _read_text(
+    text: dict[str, Any] | None,
+    model: CatalogModel,
+    options: ResponseOptions,
+    structured_formats: bool,
+) -> None:
+    """``text.format`` (text; json_schema, json_object where the operator allows them) and
+    ``text.verbosity``."""
     for key in text or {}:
         if key not in ("format", "verbosity"):
             raise _bad(f"text.{key} is not supported.", f"text.{key}")
@@ -122,6 +133,13 @@ def _read_text(text: dict[str, Any] | None, model: CatalogModel, options: Respon
             "text.format.type must be text, json_schema or json_object.",
             "text.format",
             "invalid_value",
+        )
+    if not structured_formats:
+        # The contract accepts only {format: {type: text}}; grammar-decoded formats are an
+        # operator's extension (docs/reference/responses.md#request).
+        raise _bad(
+            f"text.format.type {kind!r} is not supported on /v1/responses: only 'text'.",
+            "text.format",
         )
     if not honours_structured_outputs(model):
         raise _bad(

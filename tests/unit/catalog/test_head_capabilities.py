@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from serve_app.catalog.catalog import supported_parameters
+from serve_app.catalog.catalog import model_card, supported_parameters
 from serve_app.catalog.config import CatalogModel
 from serve_app.config import REPO_ROOT
 from tests.fixtures.gateway import GatewayHarness
@@ -65,3 +65,14 @@ async def test_chat_refuses_structured_outputs_where_not_offered(gateway: Gatewa
         body = {"model": "scripted-reasoner", "messages": [{"role": "user", "content": "hi"}]}
         resp = await http.post("/v1/chat/completions", json={**body, "response_format": plain})
         assert resp.status_code == 200, resp.text
+
+
+def test_supported_parameters_only_on_chat_cards() -> None:
+    """The contract's card lists ``supported_parameters`` for chat models only: a client
+    telling chat models apart by it must not take an embeddings model for one."""
+    data = yaml.safe_load((REPO_ROOT / "configs" / "catalog" / "local.yaml").read_text())
+    models = [CatalogModel.model_validate(entry) for entry in data["models"]]
+    assert any(m.head == "pooling" for m in models)
+    for model in models:
+        listed = model_card(model).supported_parameters is not None
+        assert listed == (model.head == "chat"), model.id

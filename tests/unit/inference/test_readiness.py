@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -76,10 +77,25 @@ def test_status_source_maps_models_and_waits_for_a_recovering_controller(
         read()
 
 
+async def _until(condition: Callable[[], bool], guard_s: float = 30.0) -> None:
+    """Wait for ``condition`` rather than for a fixed time a busy machine may overrun;
+    ``guard_s`` only stops a hang."""
+
+    async def wait() -> None:
+        while not condition():
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(wait(), guard_s)
+
+
+def _polled_once(readiness: HeadReadiness) -> Callable[[], bool]:
+    return lambda: readiness._last_refresh > 0
+
+
 async def _polled(states: dict[str, HeadState]) -> HeadReadiness:
     readiness = HeadReadiness(lambda: states, refresh_s=0.01, warming_retry_after_s=7)
     readiness.check("any")  # starts the poll
-    await asyncio.sleep(0.05)
+    await _until(_polled_once(readiness))
     return readiness
 
 
@@ -117,7 +133,7 @@ async def test_a_sleeping_head_answers_warming_and_is_woken_once() -> None:
         waker=woken.append,
     )
     readiness.check("s")  # unknown yet: let through, starts the poll
-    await asyncio.sleep(0.05)
+    await _until(_polled_once(readiness))
     for _ in range(2):
         with pytest.raises(ModelUnavailableError) as warming:
             readiness.check("s")
@@ -173,8 +189,7 @@ async def test_a_wake_call_that_waits_too_long_is_cancelled() -> None:
     handle = _Handle()
     waker = HeadWaker({"s": handle}, bound_s=0.01)
     waker("s")
-    await asyncio.sleep(0.1)
-    assert handle.calls[0].cancelled
+    await _until(lambda: bool(handle.calls) and handle.calls[0].cancelled)
 
 
 async def test_a_head_seen_answering_is_ready_before_the_next_poll_says_so() -> None:
@@ -186,12 +201,20 @@ async def test_a_head_seen_answering_is_ready_before_the_next_poll_says_so() -> 
 
     readiness = HeadReadiness(stale, refresh_s=0.01)
     readiness.check("s")
-    await asyncio.sleep(0.05)
+    await _until(_polled_once(readiness))
     with pytest.raises(ModelUnavailableError):
         readiness.check("s")
     readiness.note_answering("s")
+    answered = time.monotonic()
     readiness.check("s")  # no 503: a call was just accepted
-    await asyncio.sleep(0.05)  # polls begun after the answer count again
+
+    def a_later_poll_finished() -> bool:
+        # Polls run one at a time: the second read after the answer began after the first
+        # had finished, so after the answer too (the first may have begun before it).
+        later = [at for at in polls if at > answered]
+        return len(later) >= 2 and readiness._last_refresh > later[1]
+
+    await _until(a_later_poll_finished)  # polls begun after the answer count again
     with pytest.raises(ModelUnavailableError):
         readiness.check("s")
 

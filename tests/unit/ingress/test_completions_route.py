@@ -47,3 +47,16 @@ async def test_completion_guardrails(gateway: GatewayHarness) -> None:
     assert empty.status_code == 400 and empty.json()["error"]["param"] == "prompt"
     assert window.status_code == 400
     assert window.json()["error"]["code"] == "context_length_exceeded"
+
+
+async def test_an_empty_prompt_is_a_400_naming_prompt(gateway: GatewayHarness) -> None:
+    """Not the engine's failure (it answered 502 ``upstream_error``): bad input."""
+    async with gateway.client(gateway.keys["user"]) as http:
+        for prompt in ("", ["a b", ""], [""]):
+            resp = await http.post(
+                "/v1/completions", json={"model": "scripted-chat", "prompt": prompt}
+            )
+            assert resp.status_code == 400, (prompt, resp.text)
+            error = resp.json()["error"]
+            assert error["param"] == "prompt" and error["type"] == "invalid_request_error"
+            assert "empty" in error["message"]

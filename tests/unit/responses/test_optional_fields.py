@@ -162,12 +162,14 @@ async def test_include_action_sources_lists_each_search_results(
 async def test_text_format_json_schema_reaches_the_head_as_response_format(
     make_gateway: HarnessFactory,
 ) -> None:
-    """A vLLM head decodes it with a grammar (chat's ``response_format``, a field vLLM's
-    request knows: the scripted head is told to take it)."""
+    """With the operator's switch on, a vLLM head decodes it with a grammar (chat's
+    ``response_format``, a field vLLM's request knows: the scripted head is told to take it)."""
     catalog = [dict(entry) for entry in CATALOG]
     (chat,) = (entry for entry in catalog if entry["id"] == "scripted-chat")
     chat["engine"] = {"backend": "vllm", "config": {"extra_params": ["response_format"]}}
-    gateway = await make_gateway({"catalog": catalog})
+    gateway = await make_gateway(
+        {"catalog": catalog, "responses": {"structured_text_formats": True}}
+    )
     schema = {"type": "object", "properties": {"city": {"type": "string"}}}
     fmt = {"type": "json_schema", "name": "answer", "schema": schema, "strict": True}
     resp = await post(gateway, {"text": {"format": fmt}})

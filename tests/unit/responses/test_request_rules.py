@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.gateway import GatewayHarness
+from tests.fixtures.gateway import GatewayHarness, HarnessFactory
 
 
 def req(**fields: Any) -> dict[str, Any]:
@@ -49,11 +49,18 @@ async def post(gw: GatewayHarness, body: dict[str, Any], key: str = "user") -> A
         ],
         (req(text={"verbosity": "loud"}), 400, "invalid_value", "text.verbosity"),
         (req(text={"format": {"type": "yaml"}}), 400, "invalid_value", "text.format"),
+        # the contract: only {format: {type: text}}; the rest is an operator's switch
         (
-            req(text={"format": {"type": "json_schema", "name": "x", "schema": "no"}}),
+            req(text={"format": {"type": "json_schema", "name": "x", "schema": {}}}),
             400,
-            "invalid_value",
-            "text.format.schema",
+            "unsupported_parameter",
+            "text.format",
+        ),
+        (
+            req(text={"format": {"type": "json_object"}}),
+            400,
+            "unsupported_parameter",
+            "text.format",
         ),
         (
             req(tool_choice={"type": "allowed_tools", "tools": [], "mode": "auto"}),
@@ -63,18 +70,6 @@ async def post(gw: GatewayHarness, body: dict[str, Any], key: str = "user") -> A
         ),
         (req(store=True), 400, "unsupported_parameter", "store"),
         (req(previous_response_id="resp_1"), 400, "unsupported_parameter", "previous_response_id"),
-        (  # a catalog entry saying structured_outputs: false
-            req(model="scripted-reasoner", text={"format": {"type": "json_schema", "schema": {}}}),
-            400,
-            "unsupported_parameter",
-            "text.format",
-        ),
-        (
-            req(model="scripted-reasoner", text={"format": {"type": "json_object"}}),
-            400,
-            "unsupported_parameter",
-            "text.format",
-        ),
         (req(tool_choice={"type": "web_search"}), 400, "unsupported_parameter", "tool_choice"),
         (req(tool_choice="web_search"), 400, "unsupported_parameter", "tool_choice"),
         (req(model="ded/my-endpoint"), 400, "model_not_supported_for_endpoint", "model"),
@@ -142,6 +137,36 @@ async def test_refusals(
     assert error["param"] == param
     if code is not None:
         assert error["code"] == code
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "param"),
+    [
+        (
+            req(text={"format": {"type": "json_schema", "name": "x", "schema": "no"}}),
+            "invalid_value",
+            "text.format.schema",
+        ),
+        (  # a catalog entry saying structured_outputs: false
+            req(model="scripted-reasoner", text={"format": {"type": "json_schema", "schema": {}}}),
+            "unsupported_parameter",
+            "text.format",
+        ),
+        (
+            req(model="scripted-reasoner", text={"format": {"type": "json_object"}}),
+            "unsupported_parameter",
+            "text.format",
+        ),
+    ],
+)
+async def test_refusals_with_structured_text_formats_on(
+    make_gateway: HarnessFactory, body: dict[str, Any], code: str, param: str
+) -> None:
+    """``responses.structured_text_formats: true`` still refuses what cannot be decoded."""
+    gateway = await make_gateway({"responses": {"structured_text_formats": True}})
+    resp = await post(gateway, body)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["code"] == code and resp.json()["error"]["param"] == param
 
 
 async def test_server_tool_needs_flag_and_native_tool_calling(gateway: GatewayHarness) -> None:
