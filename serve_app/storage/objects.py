@@ -92,9 +92,17 @@ class ObjectChunks(Iterator[bytes]):
     HTTP connection) even when it was not read to its end, and reading to the end
     closes it too."""
 
-    def __init__(self, read: Callable[[int], bytes], close: Callable[[], None], size: int):
+    def __init__(
+        self,
+        read: Callable[[int], bytes],
+        close: Callable[[], None],
+        size: int,
+        length: int | None = None,
+    ) -> None:
         self._read, self._close, self._size = read, close, size
         self._closed = False
+        self.length = length
+        """The object's size as opened (None when the store did not say)."""
 
     def __iter__(self) -> ObjectChunks:
         return self
@@ -162,7 +170,8 @@ class LocalObjectStore:
             handle = self._path(key).open("rb")
         except FileNotFoundError:
             raise _object_not_found() from None
-        return ObjectChunks(handle.read, handle.close, chunk_size)
+        length = os.fstat(handle.fileno()).st_size
+        return ObjectChunks(handle.read, handle.close, chunk_size, length)
 
     def size(self, key: str) -> int:
         try:
@@ -260,8 +269,12 @@ class S3ObjectStore:
         return data
 
     def iter_chunks(self, key: str, chunk_size: int = CHUNK_BYTES) -> ObjectChunks:
-        body = self._get_object(key)["Body"]
-        return ObjectChunks(body.read, body.close, chunk_size)
+        answer = self._get_object(key)
+        body = answer["Body"]
+        length = answer.get("ContentLength")
+        return ObjectChunks(
+            body.read, body.close, chunk_size, None if length is None else int(length)
+        )
 
     def size(self, key: str) -> int:
         from botocore.exceptions import ClientError
