@@ -120,7 +120,7 @@ def _check_line(
         model = resolved
     if result.errors:
         return  # the batch fails anyway: no need to keep lines
-    tokens = estimate_tokens(body, model) if model is not None else 0
+    tokens = estimate_tokens(endpoint, body, model) if model is not None else 0
     result.estimated_tokens += tokens
     result.lines.append(
         {"line": number, "custom_id": custom_id, "body": json.dumps(body, ensure_ascii=False)}

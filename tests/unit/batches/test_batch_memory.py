@@ -67,7 +67,8 @@ async def _run_lines(harness: BatchHarness) -> None:
 
 
 async def test_finalizing_200_mb_of_output_stays_under_256_mib(tmp_path: Path) -> None:
-    harness = await _harness(tmp_path, {"yield_to_live": False, "concurrency": 4})
+    unlimited = {"max_enqueued_tokens_per_org": None}  # ~52M tokens: 128 x 4096 a line
+    harness = await _harness(tmp_path, {"yield_to_live": False, "concurrency": 4, **unlimited})
     try:
         created = await harness.create(
             [_line(f"l{i}", INPUTS) for i in range(LINES)], endpoint="/v1/embeddings"
