@@ -17,7 +17,7 @@ statement, so gateway replicas and their workers coordinate through the database
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -182,7 +182,7 @@ class BatchStore:
         self,
         batch: BatchRecord,
         worker: str,
-        lines: Sequence[dict[str, Any]],
+        lines: tuple[Iterable[dict[str, Any]], int],
         estimated_tokens: int,
         token_limit: int | None,
         now: datetime,
@@ -190,7 +190,10 @@ class BatchStore:
         """validating -> in_progress with its lines, unless the organization's enqueued
         tokens would pass ``token_limit``: then nothing is written and the tokens
         already enqueued are returned (the caller fails the batch). Serialised per
-        organization (advisory lock on PostgreSQL, the write lock on SQLite)."""
+        organization (advisory lock on PostgreSQL, the write lock on SQLite).
+        ``lines``: the rows and their count; the rows are read (from the validation's
+        spool) and inserted a thousand at a time."""
+        rows, total = lines
         with self._write() as conn:
             if self._db.dialect == "postgresql":
                 lock = sa.func.pg_advisory_xact_lock(
@@ -214,16 +217,21 @@ class BatchStore:
                 .values(
                     status=IN_PROGRESS,
                     in_progress_at=now,
-                    total=len(lines),
+                    total=total,
                     estimated_tokens=estimated_tokens,
                     lease_owner=None,
                     lease_expires_at=None,
                 )
             ).rowcount
-            if moved == 1 and lines:
-                rows = [{**line, "batch_id": batch.id, "status": PENDING} for line in lines]
-                for start in range(0, len(rows), 1000):
-                    conn.execute(sa.insert(batch_lines), rows[start : start + 1000])
+            if moved == 1:
+                page: list[dict[str, Any]] = []
+                for line in rows:
+                    page.append({**line, "batch_id": batch.id, "status": PENDING})
+                    if len(page) == 1000:
+                        conn.execute(sa.insert(batch_lines), page)
+                        page = []
+                if page:
+                    conn.execute(sa.insert(batch_lines), page)
         return None
 
     def fail(self, batch_id: str, worker: str, errors: str, total: int, now: datetime) -> bool:

@@ -51,7 +51,7 @@ from serve_app.batches.records import (
     line_request_id,
 )
 from serve_app.batches.store import BatchStore
-from serve_app.batches.validate import validate_input
+from serve_app.batches.validate import Validated, validate_input
 from serve_app.billing.batch_line import BatchLine, running_batch_line
 from serve_app.catalog.catalog import Catalog
 from serve_app.config import BatchOptions
@@ -341,27 +341,37 @@ class BatchWorker:
             await self._fail(batch, [BatchError(code="invalid_request", message=err.message)], 0)
             return
         source = await asyncio.to_thread(self.files.get, batch.input_file_id, batch.org_id)
-        data = None
+        chunks = None
         if source is not None:
             with contextlib.suppress(NotFoundError):  # the row without its bytes: deleted
-                data = await asyncio.to_thread(self.objects.get, source.object_key)
-        if data is None:
+                chunks = await asyncio.to_thread(self.objects.iter_chunks, source.object_key)
+        if chunks is None:
             message = f"The input file '{batch.input_file_id}' was deleted before validation."
             await self._fail(batch, [BatchError(code="file_not_found", message=message)], 0)
             return
         models = line_models(self.services, self.catalog, batch.endpoint, principal)
-        checked = await asyncio.to_thread(
-            validate_input, data, batch.endpoint, models, self.options.max_lines
-        )
+        try:
+            checked = await asyncio.to_thread(
+                validate_input, chunks, batch.endpoint, models, self.options.max_lines
+            )
+        finally:
+            await asyncio.to_thread(chunks.close)
+        try:
+            await self._start(batch, checked)
+        finally:
+            await asyncio.to_thread(checked.close)
+
+    async def _start(self, batch: BatchRecord, checked: Validated) -> None:
+        """Run the validated lines, or fail the batch: its errors, or the token limit."""
         if checked.errors:
-            await self._fail(batch, checked.errors, len(checked.lines))
+            await self._fail(batch, checked.errors, checked.count)
             return
         limit = self.options.max_enqueued_tokens_per_org
         enqueued = await asyncio.to_thread(
             self.store.start,
             batch,
             self.worker_id,
-            checked.lines,
+            (checked.rows(), checked.count),
             checked.estimated_tokens,
             limit,
             self.clock(),
