@@ -50,6 +50,8 @@ _KEY = re.compile(rf"^{_SEGMENT}(?:/{_SEGMENT}){{0,7}}$")
 _SECRET_FILE = ".url-secret"
 CHUNK_BYTES = 1 << 20
 """How much of an object one read or copy step holds."""
+S3_PART_UPLOADS = 4
+"""Parts of one S3 multipart upload sent at once (8 MiB each)."""
 
 
 def valid_key(key: str) -> bool:
@@ -259,9 +261,17 @@ class S3ObjectStore:
 
     def put_file(self, key: str, fileobj: BinaryIO, content_type: str) -> None:
         """boto3's managed transfer: one PUT when small, a multipart upload of 8 MiB parts
-        otherwise; the object appears only once every part is in."""
+        otherwise; the object appears only once every part is in. At most
+        ``S3_PART_UPLOADS`` parts are in flight, so an upload holds at most that many parts
+        in memory (boto3's default of 10 would hold 80 MiB)."""
+        from boto3.s3.transfer import TransferConfig
+
         self.client.upload_fileobj(
-            fileobj, self.bucket, self.prefix + key, ExtraArgs={"ContentType": content_type}
+            fileobj,
+            self.bucket,
+            self.prefix + key,
+            ExtraArgs={"ContentType": content_type},
+            Config=TransferConfig(max_concurrency=S3_PART_UPLOADS),
         )
 
     def get(self, key: str) -> bytes:

@@ -188,3 +188,23 @@ def test_s3_chunks_closed_early_release_the_body(s3_client: Any) -> None:
     assert next(chunks) == b"y" * 1024
     chunks.close()
     assert list(chunks) == []
+
+
+def test_s3_put_file_bounds_the_parts_in_flight() -> None:
+    """boto3 reads ahead one part per upload thread (10 by default: 80 MiB held); the store
+    asks for ``S3_PART_UPLOADS``."""
+    from serve_app.storage.objects import S3_PART_UPLOADS
+
+    seen: dict[str, Any] = {}
+
+    class Client:
+        def upload_fileobj(self, fileobj: Any, bucket: str, key: str, **kwargs: Any) -> None:
+            seen.update(kwargs, body=fileobj.read(), bucket=bucket, key=key)
+
+    S3ObjectStore(Client(), BUCKET, "gw/").put_file(KEY, io.BytesIO(b"abc"), "application/jsonl")
+    assert seen["Config"].max_concurrency == S3_PART_UPLOADS <= 4
+    assert (seen["body"], seen["key"], seen["ExtraArgs"]) == (
+        b"abc",
+        f"gw/{KEY}",
+        {"ContentType": "application/jsonl"},
+    )
