@@ -383,6 +383,7 @@ def _attach_batch_worker(
         config.batches,
         bill=config.ledger.enabled,
         clock=clock,
+        accounts_generation=state.auth.accounts_generation,
     )
     state.batch_worker = worker
     state.batches.wake = worker.wake

@@ -241,6 +241,13 @@ class BatchOptions(_Strict):
         description="Claims of one line before it fails (a line that kills "
         "its worker every time must not stall the batch).",
     )
+    max_line_result_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1024,
+        description="Largest answer one line may have (its body's JSON bytes): a line over "
+        "it fails with result_too_large and is not billed, so no line's result can exhaust "
+        "a replica's memory when it is run, stored or finalized.",
+    )
     completion_window_s: float = Field(
         default=24 * 3600.0, gt=0, description="The 24h window; unfinished lines then expire."
     )

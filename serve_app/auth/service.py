@@ -121,6 +121,12 @@ class AuthService:
         if self._epochs is not None:
             self._observe(await self._epochs.current())
 
+    async def accounts_generation(self) -> int:
+        """A number that moves whenever accounts changed anywhere (the key cache was
+        dropped): what other caches of principals follow (the batch worker's owners)."""
+        await self.refresh()
+        return self._cache.generation
+
     async def aclose(self) -> None:
         if self._epochs is not None:
             await self._epochs.aclose()

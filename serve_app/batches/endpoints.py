@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -25,12 +26,13 @@ from serve_app.inference.answers import Answer
 from serve_app.inference.chat.service import TextService
 from serve_app.inference.chat.tools import ToolChatService
 from serve_app.inference.chat.translate import reject_unencodable
+from serve_app.inference.embeddings.inputs import embedding_inputs
 from serve_app.inference.embeddings.service import EmbeddingService
 from serve_app.inference.responses.service import ResponsesService
 from serve_app.protocol.chat import ChatCompletionRequest
 from serve_app.protocol.completions import CompletionRequest
 from serve_app.protocol.embeddings import EmbeddingRequest
-from serve_app.protocol.errors import InvalidRequestError
+from serve_app.protocol.errors import GatewayError, InvalidRequestError
 from serve_app.protocol.responses import ResponsesRequest
 from serve_app.protocol.validation import validation_error
 
@@ -105,17 +107,44 @@ def line_models(
     return lambda model_id: catalog.resolve(model_id, principal, kind)
 
 
-def estimate_tokens(body: dict[str, Any], model: CatalogModel) -> int:
-    """A line's tokens for the enqueued-token limit: its JSON size over four, plus its
-    output cap (its own ``max_*tokens``, else the model's) times ``n``."""
+def estimate_tokens(endpoint: str, body: dict[str, Any], model: CatalogModel) -> int:
+    """A line's tokens for the enqueued-token limit, from its body as the route reads it
+    (``"n": 16.0`` is 16 there, so here): its JSON size over four, plus what it will
+    produce. A body the route refuses runs nothing: its size alone."""
+    try:
+        parsed = ENDPOINTS[endpoint].parse(body)
+    except GatewayError:
+        parsed = None
     prompt = math.ceil(len(json.dumps(body, ensure_ascii=False)) / CHARS_PER_TOKEN)
-    cap = next(
-        (
-            body[name]
-            for name in ("max_completion_tokens", "max_tokens", "max_output_tokens")
-            if isinstance(body.get(name), int)
-        ),
-        model.max_output_tokens or 0,
-    )
-    n = body.get("n") if isinstance(body.get("n"), int) else 1
-    return prompt + max(0, int(cap)) * max(1, int(n or 1))
+    if parsed is None:
+        return prompt
+    if isinstance(parsed, EmbeddingRequest):
+        return _embedding_tokens(parsed, model, prompt)
+    return prompt + _output_tokens(parsed, model)
+
+
+def _output_tokens(parsed: Any, model: CatalogModel) -> int:
+    """A generation's output cap (its own, else the model's) times its answers: ``n`` per
+    prompt, each prompt of a completions list apart."""
+    default = model.max_output_tokens or 0
+    if isinstance(parsed, ChatCompletionRequest):
+        return (parsed.requested_max_tokens()[0] or default) * parsed.n
+    if isinstance(parsed, CompletionRequest):
+        return (parsed.max_tokens or default) * parsed.n * len(parsed.prompts())
+    if isinstance(parsed, ResponsesRequest):
+        return parsed.max_output_tokens or default
+    return default
+
+
+def _embedding_tokens(parsed: EmbeddingRequest, model: CatalogModel, prompt: int) -> int:
+    """Its inputs' tokens as the route reserves them, plus one per number of the answer
+    (inputs times dimensions): a line of 2,048 one-character inputs is small to read
+    and large to answer."""
+    try:
+        inputs = embedding_inputs(parsed.input, sys.maxsize)
+    except GatewayError:
+        return prompt
+    spec = model.pooling
+    dimensions = parsed.dimensions or (spec.dimensions if spec is not None else None) or 0
+    read = inputs.estimated_tokens(model.context_length or sys.maxsize)
+    return read + inputs.count * dimensions

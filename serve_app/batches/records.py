@@ -113,10 +113,24 @@ class ClaimedLine:
 
 @dataclass(frozen=True)
 class LineResult:
-    """A line's outcome as stored: ``succeeded`` or ``failed`` and its output line."""
+    """A line's outcome as stored: ``succeeded`` or ``failed`` and its output line (JSON)."""
 
     status: str
-    output: dict[str, Any]
+    output: str
+
+
+@dataclass(frozen=True)
+class LineTally:
+    """A batch's lines by status: what finalization counts without reading any result."""
+
+    total: int
+    succeeded: int
+    failed: int
+
+    @property
+    def open(self) -> int:
+        """Lines not done (pending or running)."""
+        return self.total - self.succeeded - self.failed
 
 
 @dataclass(frozen=True)

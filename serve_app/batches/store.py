@@ -17,7 +17,7 @@ statement, so gateway replicas and their workers coordinate through the database
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,12 +31,15 @@ from serve_app.batches.records import (
     FINALIZING,
     IN_PROGRESS,
     LINE_DONE,
+    LINE_FAILED,
     PENDING,
     RUNNING,
+    SUCCEEDED,
     VALIDATING,
     BatchRecord,
     ClaimedLine,
     LineResult,
+    LineTally,
     StoredLine,
 )
 from serve_app.billing.records import UsageRecord
@@ -45,6 +48,8 @@ from serve_app.files.store import FileRecord, FileStore
 from serve_app.storage.db import Database
 from serve_app.storage.schema import batch_lines, batches
 
+_SIZES_PAGE = 1000
+"""Lines whose result sizes one read of ``result_pages`` plans."""
 _PG_ORG_LOCK_CLASS = 61_803_399
 """First key of the per-organization advisory lock of the enqueued-token check."""
 
@@ -177,7 +182,7 @@ class BatchStore:
         self,
         batch: BatchRecord,
         worker: str,
-        lines: Sequence[dict[str, Any]],
+        lines: tuple[Iterable[dict[str, Any]], int],
         estimated_tokens: int,
         token_limit: int | None,
         now: datetime,
@@ -185,7 +190,10 @@ class BatchStore:
         """validating -> in_progress with its lines, unless the organization's enqueued
         tokens would pass ``token_limit``: then nothing is written and the tokens
         already enqueued are returned (the caller fails the batch). Serialised per
-        organization (advisory lock on PostgreSQL, the write lock on SQLite)."""
+        organization (advisory lock on PostgreSQL, the write lock on SQLite).
+        ``lines``: the rows and their count; the rows are read (from the validation's
+        spool) and inserted a thousand at a time."""
+        rows, total = lines
         with self._write() as conn:
             if self._db.dialect == "postgresql":
                 lock = sa.func.pg_advisory_xact_lock(
@@ -209,16 +217,21 @@ class BatchStore:
                 .values(
                     status=IN_PROGRESS,
                     in_progress_at=now,
-                    total=len(lines),
+                    total=total,
                     estimated_tokens=estimated_tokens,
                     lease_owner=None,
                     lease_expires_at=None,
                 )
             ).rowcount
-            if moved == 1 and lines:
-                rows = [{**line, "batch_id": batch.id, "status": PENDING} for line in lines]
-                for start in range(0, len(rows), 1000):
-                    conn.execute(sa.insert(batch_lines), rows[start : start + 1000])
+            if moved == 1:
+                page: list[dict[str, Any]] = []
+                for line in rows:
+                    page.append({**line, "batch_id": batch.id, "status": PENDING})
+                    if len(page) == 1000:
+                        conn.execute(sa.insert(batch_lines), page)
+                        page = []
+                if page:
+                    conn.execute(sa.insert(batch_lines), page)
         return None
 
     def fail(self, batch_id: str, worker: str, errors: str, total: int, now: datetime) -> bool:
@@ -258,14 +271,40 @@ class BatchStore:
                 ).rowcount
             )
 
-    def lines(self, batch_id: str) -> list[StoredLine]:
+    def line_tally(self, batch_id: str) -> LineTally:
+        """The batch's lines by status, counted in SQL: no result is read."""
         query = (
-            sa.select(ln.line, ln.custom_id, ln.status, ln.result)
-            .where(ln.batch_id == batch_id)
-            .order_by(ln.line)
+            sa.select(ln.status, sa.func.count()).where(ln.batch_id == batch_id).group_by(ln.status)
         )
         with self._db.connect() as conn:
-            return [StoredLine(*row) for row in conn.execute(query)]
+            counts = {status: int(n) for status, n in conn.execute(query)}
+        return LineTally(sum(counts.values()), counts.get(SUCCEEDED, 0), counts.get(LINE_FAILED, 0))
+
+    def result_pages(self, batch_id: str, page_bytes: int) -> Iterator[list[StoredLine]]:
+        """The batch's lines with their results in input order, in pages of about
+        ``page_bytes`` of results (a larger result alone), so no reader holds them all:
+        the sizes of the next ``_SIZES_PAGE`` lines are read first, then their results
+        in runs that fit the budget."""
+        after = -1
+        while True:
+            with self._db.connect() as conn:
+                sizes = conn.execute(
+                    sa.select(ln.line, sa.func.coalesce(sa.func.length(ln.result), 0))
+                    .where(ln.batch_id == batch_id, ln.line > after)
+                    .order_by(ln.line)
+                    .limit(_SIZES_PAGE)
+                ).all()
+            if not sizes:
+                return
+            for first, last in _runs([(int(n), int(size)) for n, size in sizes], page_bytes):
+                with self._db.connect() as conn:
+                    rows = conn.execute(
+                        sa.select(ln.line, ln.custom_id, ln.status, ln.result)
+                        .where(ln.batch_id == batch_id, ln.line >= first, ln.line <= last)
+                        .order_by(ln.line)
+                    ).all()
+                yield [StoredLine(*row) for row in rows]
+            after = int(sizes[-1][0])
 
     def finish(
         self,
@@ -442,3 +481,17 @@ class BatchStore:
                     attempts=ln.attempts - 1,  # a stop is not the line's fault
                 )
             )
+
+
+def _runs(sizes: list[tuple[int, int]], budget: int) -> Iterator[tuple[int, int]]:
+    """(first, last) line numbers of consecutive runs whose sizes sum to at most
+    ``budget``; a line larger than the budget is a run of its own."""
+    first, total = sizes[0][0], 0
+    previous = first
+    for line, size in sizes:
+        if total and total + size > budget:
+            yield first, previous
+            first, total = line, 0
+        total += size
+        previous = line
+    yield first, previous

@@ -12,13 +12,19 @@ than allowed (``maximum_requests_exceeded``), no line at all (``empty_file``). W
 the line's body says beyond its model is checked when the line runs, by the
 endpoint's own rules, and a violation is that line's error in the error file
 (docs/api.md, "Batches").
+
+The file is read chunk by chunk from the object store and the lines kept are spooled
+to a temporary file (``Validated.rows`` reads them back), so validating a 200 MB
+input holds about one line, not the file and its lines.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from serve_app.batches.endpoints import ModelResolver, estimate_tokens
 from serve_app.catalog.config import CatalogModel
@@ -30,17 +36,61 @@ MAX_LISTED_ERRORS = 100
 MAX_CUSTOM_ID_CHARS = 512
 
 
+SPOOL_IN_MEMORY_BYTES = 1 << 20
+"""Kept lines held in memory before their spool moves to disk."""
+
+
+def _new_spool() -> IO[bytes]:
+    """Memory up to ``SPOOL_IN_MEMORY_BYTES``, then a temporary file (``Validated.close``)."""
+    return tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY_BYTES)
+
+
 @dataclass
 class Validated:
-    """The lines to run (``line``, ``custom_id``, ``body`` as JSON text), or errors."""
+    """The lines to run (spooled: ``rows`` gives ``line``, ``custom_id``, ``body`` as JSON
+    text), or errors. ``close`` removes the spool."""
 
-    lines: list[dict[str, Any]] = field(default_factory=list)
     errors: list[BatchError] = field(default_factory=list)
     estimated_tokens: int = 0
+    count: int = 0
+    _spool: IO[bytes] = field(default_factory=lambda: _new_spool())
 
     def add(self, code: str, message: str, line: int | None, param: str | None = None) -> None:
         if len(self.errors) < MAX_LISTED_ERRORS:
             self.errors.append(BatchError(code=code, message=message, param=param, line=line))
+
+    def keep(self, line: int, custom_id: str, body: str) -> None:
+        """One line to run; ``body`` is compact of line breaks and tabs (``json.dumps``
+        escapes them), so a tab after the header ends it."""
+        self._spool.write(json.dumps([line, custom_id]).encode())
+        self._spool.write(b"\t")
+        self._spool.write(body.encode())
+        self._spool.write(b"\n")
+        self.count += 1
+
+    def rows(self) -> Iterator[dict[str, Any]]:
+        """The kept lines in file order, read back one by one."""
+        self._spool.seek(0)
+        for raw in self._spool:
+            head, body = raw.rstrip(b"\n").split(b"\t", 1)
+            line, custom_id = json.loads(head)
+            yield {"line": line, "custom_id": custom_id, "body": body.decode()}
+
+    def close(self) -> None:
+        self._spool.close()
+
+
+def _numbered_lines(chunks: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
+    """The file's lines (1-based numbers, blank ones included) from its chunks."""
+    number = 0
+    rest = b""
+    for chunk in chunks:
+        parts = (rest + chunk).split(b"\n")
+        rest = parts.pop()
+        for raw in parts:
+            number += 1
+            yield number, raw
+    yield number + 1, rest
 
 
 class _Models:
@@ -60,26 +110,32 @@ class _Models:
         return self.seen[model_id]
 
 
-def validate_input(data: bytes, endpoint: str, models: ModelResolver, max_lines: int) -> Validated:
-    """Check every line of ``data`` for a batch on ``endpoint``; ``models`` resolves a
-    line's model as the endpoint's route would for the batch's owner (blocking: an
-    organization's adapter is read from SQL, so this runs in a thread)."""
+def validate_input(
+    data: bytes | Iterable[bytes], endpoint: str, models: ModelResolver, max_lines: int
+) -> Validated:
+    """Check every line of ``data`` (the file, or its chunks) for a batch on ``endpoint``;
+    ``models`` resolves a line's model as the endpoint's route would for the batch's owner
+    (blocking: an organization's adapter is read from SQL, so this runs in a thread)."""
     result = Validated()
-    raw_lines = [(n, raw) for n, raw in enumerate(data.split(b"\n"), 1) if raw.strip()]
-    if not raw_lines:
-        result.add("empty_file", "The input file has no requests.", None)
-        return result
-    if len(raw_lines) > max_lines:
-        result.add(
-            "maximum_requests_exceeded",
-            f"The input file has {len(raw_lines)} requests; a batch holds at most {max_lines}.",
-            None,
-        )
-        return result
     resolver = _Models(models)
     seen: set[str] = set()
-    for number, raw in raw_lines:
-        _check_line(result, resolver, seen, endpoint, number, raw)
+    requests = 0
+    for number, raw in _numbered_lines([data] if isinstance(data, bytes) else data):
+        if not raw.strip():
+            continue
+        requests += 1
+        if requests <= max_lines:  # past it, only counted for the message
+            _check_line(result, resolver, seen, endpoint, number, raw)
+    if requests > max_lines:
+        result.close()
+        result = Validated()
+        result.add(
+            "maximum_requests_exceeded",
+            f"The input file has {requests} requests; a batch holds at most {max_lines}.",
+            None,
+        )
+    elif not requests:
+        result.add("empty_file", "The input file has no requests.", None)
     return result
 
 
@@ -120,11 +176,9 @@ def _check_line(
         model = resolved
     if result.errors:
         return  # the batch fails anyway: no need to keep lines
-    tokens = estimate_tokens(body, model) if model is not None else 0
+    tokens = estimate_tokens(endpoint, body, model) if model is not None else 0
     result.estimated_tokens += tokens
-    result.lines.append(
-        {"line": number, "custom_id": custom_id, "body": json.dumps(body, ensure_ascii=False)}
-    )
+    result.keep(number, custom_id, json.dumps(body, ensure_ascii=False))
 
 
 def _shape_problem(request: dict[str, Any], endpoint: str) -> tuple[str, str, str] | None:

@@ -14,9 +14,11 @@ is in flight (``Metering.live_in_flight``), nor within ``batches.live_quiet_s`` 
 one ended (a client's next call often follows at once). Lines already running finish.
 
 Each line runs under its batch owner's key as it is now (a revoked key fails the
-remaining lines with the route's 401), inside ``running_batch_line``: the services
-bill it at the batch discount under the line's deterministic ledger key and check
-only the daily quota (``serve_app.billing.batch_line``).
+remaining lines with the route's 401: the owners are cached ``PRINCIPAL_TTL_S``, and
+the cache is dropped whenever the accounts generation moves, as the key cache of
+``AuthService`` is, so a revocation stops the next line at once), inside
+``running_batch_line``: the services bill it at the batch discount under the line's
+deterministic ledger key and check only the daily quota (``serve_app.billing.batch_line``).
 """
 
 from __future__ import annotations
@@ -29,35 +31,32 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import Any
 
 from serve_app.auth.principal import Principal
 from serve_app.background import PeriodicLoop
 from serve_app.batches.endpoints import ENDPOINTS, BatchServices, line_models
+from serve_app.batches.finalize import answer_line, error_line, write_files
 from serve_app.batches.records import (
     CANCELLED,
     COMPLETED,
     EXPIRED,
-    LINE_DONE,
     LINE_FAILED,
     SUCCEEDED,
     VALIDATING,
     BatchRecord,
     ClaimedLine,
     LineResult,
-    StoredLine,
     line_request_id,
-    output_file_id,
 )
 from serve_app.batches.store import BatchStore
-from serve_app.batches.validate import validate_input
+from serve_app.batches.validate import Validated, validate_input
 from serve_app.billing.batch_line import BatchLine, running_batch_line
 from serve_app.catalog.catalog import Catalog
 from serve_app.config import BatchOptions
-from serve_app.files.store import FileRecord, FileStore, object_key
-from serve_app.inference.answers import Body
+from serve_app.files.store import FileStore
+from serve_app.inference.answers import JSON, Body
 from serve_app.inference.metering import Metering
 from serve_app.protocol.batches import BatchError
 from serve_app.protocol.errors import (
@@ -76,10 +75,18 @@ DEFER_S = 5.0
 LIVE_POLL_S = 0.05
 """How often a worker yielding to live traffic looks again."""
 PRINCIPAL_TTL_S = 10.0
-UNFINISHED_ERRORS = {
-    EXPIRED: ("batch_expired", "This request could not be run before the batch expired."),
-    CANCELLED: ("batch_cancelled", "This request was not run: the batch was cancelled."),
-}
+RESULT_TOO_LARGE = "result_too_large"
+"""A line whose answer passed ``batches.max_line_result_bytes``: failed, not billed."""
+
+
+class _ResultTooLarge(Exception):
+    def __init__(self, size: int, cap: int) -> None:
+        super().__init__(size)
+        self.message = (
+            f"The answer to this request was {size} bytes; a batch line's answer may be at "
+            f"most {cap} bytes (batches.max_line_result_bytes). It was not kept or billed: "
+            "split the request (fewer inputs, a smaller max_tokens) and send it again."
+        )
 
 
 def new_worker_id() -> str:
@@ -103,6 +110,7 @@ class BatchWorker:
         bill: bool = True,
         clock: Callable[[], datetime] = utcnow,
         worker_id: str | None = None,
+        accounts_generation: Callable[[], Awaitable[int]] | None = None,
     ) -> None:
         self.store, self.files, self.objects = store, files, objects
         self.catalog, self.principals, self.services = catalog, principals, services
@@ -123,6 +131,8 @@ class BatchWorker:
             wait_first=True,
         )
         self._owners: dict[str, tuple[float, Principal | None]] = {}
+        self._accounts_generation = accounts_generation
+        self._owners_generation: int | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -213,27 +223,32 @@ class BatchWorker:
         request_id = line_request_id(line.batch_id, line.custom_id)
         billing = BatchLine(request_id, line.batch_id, self.options.discount)
         if line.attempts > self.options.max_attempts:
-            output = _line(request_id, line.custom_id, None, None)
-            output["error"] = {
-                "code": "attempts_exhausted",
-                "message": f"The request was claimed {line.attempts - 1} times and its worker "
-                "stopped each time; it was not run again.",
-            }
+            message = (
+                f"The request was claimed {line.attempts - 1} times and its worker "
+                "stopped each time; it was not run again."
+            )
+            output = error_line(request_id, line.custom_id, "attempts_exhausted", message)
             await self._complete(line, LineResult(LINE_FAILED, output), billing)
             return
-        status_code, body, headers = await self._answer(line, billing)
+        try:
+            status_code, body, headers = await self._answer(line, billing)
+        except _ResultTooLarge as err:
+            output = error_line(request_id, line.custom_id, RESULT_TOO_LARGE, err.message)
+            await self._complete(line, LineResult(LINE_FAILED, output), billing, bill=False)
+            return
         if status_code == 503:
             until = self.clock() + timedelta(seconds=DEFER_S)
             await asyncio.to_thread(self.store.defer_line, line, self.worker_id, until)
             return
-        output = _line(request_id, line.custom_id, status_code, body, headers)
+        output = answer_line(request_id, line.custom_id, status_code, body, headers)
         status = SUCCEEDED if 200 <= status_code < 300 else LINE_FAILED
         await self._complete(line, LineResult(status, output), billing)
 
     async def _answer(
         self, line: ClaimedLine, billing: BatchLine
-    ) -> tuple[int, dict[str, Any], dict[str, str]]:
-        """(status, body, headers worth keeping) of the line's request, run as live."""
+    ) -> tuple[int, str, dict[str, str]]:
+        """(status, body as JSON text, headers worth keeping) of the line's request, run
+        as live; ``_ResultTooLarge`` when its answer is over the line cap."""
         with running_batch_line(billing):
             try:
                 principal = await self._principal(line.key_id)
@@ -241,36 +256,56 @@ class BatchWorker:
                 answer = await endpoint.run(
                     self.services, endpoint.parse(json.loads(line.body)), principal
                 )
-                if not isinstance(answer, Body):  # a stream: refused by ``parse``
+                if not isinstance(answer, Body) or not answer.media_type.startswith(JSON):
                     raise UpstreamError("The request did not produce a JSON answer.")
                 kept = {
                     name.lower(): value
                     for name, value in answer.headers.items()
                     if name.lower().startswith("x-service-")
                 }
-                return answer.status_code, json.loads(answer.content), kept
+                return answer.status_code, self._body_text(answer.content), kept
+            except _ResultTooLarge:
+                raise
             except GatewayError as err:
-                return err.status_code, err.envelope(), {}
+                return err.status_code, json.dumps(err.envelope(), ensure_ascii=False), {}
             except Exception:
                 logger.exception("batch line %s:%d failed", line.batch_id, line.line)
                 failure = GatewayError("The server had an internal error.", code="internal_error")
-                return failure.status_code, failure.envelope(), {}
+                return failure.status_code, json.dumps(failure.envelope()), {}
 
-    async def _complete(self, line: ClaimedLine, result: LineResult, billing: BatchLine) -> None:
-        records = billing.records if self.bill else []
+    def _body_text(self, content: bytes) -> str:
+        """The answer's JSON as one line of text, refused over the cap before anything
+        else is made of it. Answers are compact JSON; one holding a line break (only
+        whitespace can be one in JSON) is rewritten compact."""
+        cap = self.options.max_line_result_bytes
+        if len(content) > cap:
+            raise _ResultTooLarge(len(content), cap)
+        if b"\n" in content or b"\r" in content:
+            return json.dumps(json.loads(content), ensure_ascii=False)
+        return content.decode("utf-8")
+
+    async def _complete(
+        self, line: ClaimedLine, result: LineResult, billing: BatchLine, *, bill: bool = True
+    ) -> None:
+        records = billing.records if self.bill and bill else []
         kept = await asyncio.to_thread(
             self.store.complete_line,
             line,
             self.worker_id,
             result,
             records,
-            json.dumps(result.output, ensure_ascii=False),
+            result.output,
             self.clock(),
         )
         if not kept:
             logger.info("batch line %s:%d was no longer ours", line.batch_id, line.line)
 
     async def _principal(self, key_id: str) -> Principal:
+        if self._accounts_generation is not None:
+            generation = await self._accounts_generation()
+            if generation != self._owners_generation:
+                self._owners.clear()
+                self._owners_generation = generation
         now = time.monotonic()
         cached = self._owners.get(key_id)
         if cached is None or now - cached[0] > PRINCIPAL_TTL_S:
@@ -306,27 +341,37 @@ class BatchWorker:
             await self._fail(batch, [BatchError(code="invalid_request", message=err.message)], 0)
             return
         source = await asyncio.to_thread(self.files.get, batch.input_file_id, batch.org_id)
-        data = None
+        chunks = None
         if source is not None:
             with contextlib.suppress(NotFoundError):  # the row without its bytes: deleted
-                data = await asyncio.to_thread(self.objects.get, source.object_key)
-        if data is None:
+                chunks = await asyncio.to_thread(self.objects.iter_chunks, source.object_key)
+        if chunks is None:
             message = f"The input file '{batch.input_file_id}' was deleted before validation."
             await self._fail(batch, [BatchError(code="file_not_found", message=message)], 0)
             return
         models = line_models(self.services, self.catalog, batch.endpoint, principal)
-        checked = await asyncio.to_thread(
-            validate_input, data, batch.endpoint, models, self.options.max_lines
-        )
+        try:
+            checked = await asyncio.to_thread(
+                validate_input, chunks, batch.endpoint, models, self.options.max_lines
+            )
+        finally:
+            await asyncio.to_thread(chunks.close)
+        try:
+            await self._start(batch, checked)
+        finally:
+            await asyncio.to_thread(checked.close)
+
+    async def _start(self, batch: BatchRecord, checked: Validated) -> None:
+        """Run the validated lines, or fail the batch: its errors, or the token limit."""
         if checked.errors:
-            await self._fail(batch, checked.errors, len(checked.lines))
+            await self._fail(batch, checked.errors, checked.count)
             return
         limit = self.options.max_enqueued_tokens_per_org
         enqueued = await asyncio.to_thread(
             self.store.start,
             batch,
             self.worker_id,
-            checked.lines,
+            (checked.rows(), checked.count),
             checked.estimated_tokens,
             limit,
             self.clock(),
@@ -347,95 +392,31 @@ class BatchWorker:
 
     async def _finalize(self, batch: BatchRecord) -> None:
         if batch.finalizing_at is None:
-            lines = await asyncio.to_thread(self.store.lines, batch.id)
-            finalizing = all(line.status in LINE_DONE for line in lines)
+            tally = await asyncio.to_thread(self.store.line_tally, batch.id)
             frozen = await asyncio.to_thread(
-                self.store.freeze, batch.id, self.worker_id, self.clock(), finalizing
+                self.store.freeze, batch.id, self.worker_id, self.clock(), tally.open == 0
             )
             if not frozen:
                 return
         # Read again: a cancel may have landed between the claim and the freeze.
         fresh = await asyncio.to_thread(self.store.get, batch.id, None)
         batch = fresh if fresh is not None else batch
-        lines = await asyncio.to_thread(self.store.lines, batch.id)
-        unfinished = [line for line in lines if line.status not in LINE_DONE]
+        tally = await asyncio.to_thread(self.store.line_tally, batch.id)
         status = CANCELLED if batch.cancelling_at is not None else COMPLETED
-        if status == COMPLETED and unfinished:
+        if status == COMPLETED and tally.open:
             status = EXPIRED
-        outputs, errors = _assemble(batch, lines, status)
         now = self.clock()
-        files = [
-            self._file(batch, kind, content, now)
-            for kind, content in (("output", outputs), ("error", errors))
-        ]
-        for record, content in zip(files, (outputs, errors), strict=True):
-            if record is not None:
-                await asyncio.to_thread(
-                    self.objects.put, record.object_key, content, "application/jsonl"
-                )
-        completed = sum(1 for line in lines if line.status == SUCCEEDED)
-        failed = sum(1 for line in lines if line.status == LINE_FAILED)
-        if status == EXPIRED:
-            failed += len(unfinished)
+        output, errors = await asyncio.to_thread(
+            write_files, self.store, self.objects, batch, status, now
+        )
+        failed = tally.failed + (tally.open if status == EXPIRED else 0)
         await asyncio.to_thread(
             self.store.finish,
             batch.id,
             self.worker_id,
             status,
-            (len(lines), completed, failed),
-            files[0],
-            files[1],
+            (tally.total, tally.succeeded, failed),
+            output,
+            errors,
             now,
         )
-
-    @staticmethod
-    def _file(batch: BatchRecord, kind: str, content: bytes, now: datetime) -> FileRecord | None:
-        if not content:
-            return None
-        file_id = output_file_id(batch.id, kind)
-        return FileRecord(
-            id=file_id,
-            org_id=batch.org_id,
-            user_id=batch.user_id,
-            purpose="batch_output",
-            filename=f"{batch.id}_{kind}.jsonl",
-            bytes=len(content),
-            object_key=object_key(file_id),
-            created_at=now,
-        )
-
-
-def _line(
-    request_id: str,
-    custom_id: str,
-    status_code: int | None,
-    body: dict[str, Any] | None,
-    headers: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """An output line: OpenAI's ``{id, custom_id, response, error}``; ``response.headers``
-    carries the gateway's ``x-service-*`` headers (ignored parameters) when there are any."""
-    response: dict[str, Any] | None = None
-    if status_code is not None:
-        response = {"status_code": status_code, "request_id": request_id, "body": body}
-        if headers:
-            response["headers"] = headers
-    return {"id": request_id, "custom_id": custom_id, "response": response, "error": None}
-
-
-def _assemble(batch: BatchRecord, lines: list[StoredLine], status: str) -> tuple[bytes, bytes]:
-    """The output file (succeeded lines) and error file (failed ones, and, when the
-    batch expired or was cancelled, those never run), in input order."""
-    outputs: list[str] = []
-    errors: list[str] = []
-    for line in lines:
-        if line.status in LINE_DONE and line.result is not None:
-            (outputs if line.status == SUCCEEDED else errors).append(line.result)
-            continue
-        code, message = UNFINISHED_ERRORS.get(status, UNFINISHED_ERRORS[EXPIRED])
-        output = _line(line_request_id(batch.id, line.custom_id), line.custom_id, None, None)
-        output["error"] = {"code": code, "message": message}
-        errors.append(json.dumps(output, ensure_ascii=False))
-    return (
-        "".join(f"{text}\n" for text in outputs).encode(),
-        "".join(f"{text}\n" for text in errors).encode(),
-    )

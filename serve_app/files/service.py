@@ -4,21 +4,24 @@ A file belongs to the organization of the key that uploaded it (or, for a batch'
 output, of the batch's owner): every read is scoped to the caller's organization,
 and another organization's id answers exactly like a missing one (404). Bytes go
 to the object store (a local folder, or S3), rows to SQL; blocking calls of both
-run in threads, off the replica's event loop.
+run in threads, off the replica's event loop. No file is ever whole in memory: an
+upload goes from its spooled temporary file to the store in chunks (``put_file``),
+and a download is streamed from the store chunk by chunk (``iter_chunks``).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from serve_app.auth.principal import Principal
 from serve_app.files.store import FileRecord, FileStore, new_file_id, object_key
-from serve_app.inference.answers import Body
+from serve_app.inference.answers import FrameStream
 from serve_app.protocol.errors import InvalidRequestError, NotFoundError, RequestTooLargeError
 from serve_app.protocol.files import UPLOAD_PURPOSES, FileDeleted, FileList, FileObject
-from serve_app.protocol.uploads import Upload
-from serve_app.storage.objects import ObjectStore
+from serve_app.protocol.uploads import Upload, spooled_size
+from serve_app.storage.objects import ObjectChunks, ObjectStore
 from serve_app.storage.quotas import StorageQuotas
 from serve_app.storage.schema import utcnow
 
@@ -68,8 +71,8 @@ class FileService:
                 code="invalid_value",
                 param="purpose",
             )
-        data = await upload.read(self.policy.max_file_bytes + 1)
-        if len(data) > self.policy.max_file_bytes:
+        size = await asyncio.to_thread(spooled_size, upload)
+        if size > self.policy.max_file_bytes:
             raise RequestTooLargeError(
                 f"The file is larger than {self.policy.max_file_bytes} bytes.", param="file"
             )
@@ -80,7 +83,7 @@ class FileService:
             user_id=principal.user_id,
             purpose=purpose,
             filename=name,
-            bytes=len(data),
+            bytes=size,
             object_key="",
             created_at=utcnow(),
         )
@@ -89,7 +92,7 @@ class FileService:
             self.quotas.store,  # the organization's stored bytes and files are bounded
             principal.org_id,
             record.bytes,
-            put=lambda: self.objects.put(record.object_key, data, JSONL),
+            put=lambda: self.objects.put_file(record.object_key, upload.file, JSONL),
             insert=lambda conn: self.store.insert_in(conn, record),
             undo=lambda: self.objects.delete(record.object_key),
         )
@@ -104,10 +107,18 @@ class FileService:
             raise file_not_found(file_id)
         return record
 
-    async def content(self, file_id: str, principal: Principal) -> Body:
+    async def content(self, file_id: str, principal: Principal) -> FrameStream:
+        """The file's bytes streamed from the store (a batch's output may be gigabytes);
+        a missing object is the 404 before the first byte."""
         record = await self.record(file_id, principal.org_id)
-        data = await asyncio.to_thread(self.objects.get, record.object_key)
-        return Body(data, media_type=JSONL)
+        chunks = await asyncio.to_thread(self.objects.iter_chunks, record.object_key)
+        headers = {} if chunks.length is None else {"content-length": str(chunks.length)}
+        return FrameStream(
+            _relay(chunks),
+            lambda: asyncio.to_thread(chunks.close),
+            headers=headers,
+            media_type=JSONL,
+        )
 
     async def list(
         self,
@@ -154,3 +165,12 @@ class FileService:
             raise file_not_found(file_id)
         await asyncio.to_thread(self.objects.delete, record.object_key)
         return FileDeleted(id=record.id)
+
+
+async def _relay(chunks: ObjectChunks) -> AsyncIterator[bytes]:
+    """The object's chunks, each read in a thread; closed however the response ends."""
+    try:
+        while chunk := await asyncio.to_thread(next, chunks, b""):
+            yield chunk
+    finally:
+        await asyncio.to_thread(chunks.close)

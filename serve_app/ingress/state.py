@@ -38,6 +38,10 @@ class Authenticator(Protocol):
         """Drop cached callers when accounts changed (revocations on other replicas)."""
         ...
 
+    async def accounts_generation(self) -> int:
+        """Moves whenever cached callers were dropped (the batch worker's owners follow it)."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

@@ -25,3 +25,12 @@ class Upload(Protocol):
     async def seek(self, offset: int) -> None: ...
 
     async def read(self, size: int = -1) -> bytes: ...
+
+
+def spooled_size(upload: Upload) -> int:
+    """The spooled file's exact size, from its end (blocking: call it in a thread); the
+    file is left at its start."""
+    upload.file.seek(0, 2)
+    size = int(upload.file.tell())
+    upload.file.seek(0)
+    return size

@@ -2,7 +2,8 @@
 
 Uploads are multipart: the body-limit middleware counts them as they stream
 against the file limit plus multipart framing, Starlette spools the file to a
-temporary file, and the service checks its exact size.
+temporary file, and the service checks its exact size and copies it to the object
+store in chunks. A download is streamed from the store (a ``FrameStream``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Object storage for files (videos, batch files): a local folder, or S3 through boto3.
 
-Both stores answer the same four calls: ``put`` (the video head uploads a
-finished MP4; ``/v1/files`` an upload; a batch its output), ``get`` (a file's
-content, a batch's input), ``delete`` (an upload orphaned by a cancellation, a
-deleted file), and ``url`` (the gateway resolves a fresh, expiring URL on every
-read of a job).
+Both stores answer the same calls: ``put`` (the video head uploads a finished
+MP4), ``put_file`` (the same from a file object, read in chunks: ``/v1/files`` an
+upload, a batch its output, neither ever whole in memory), ``get`` (a batch's
+input), ``iter_chunks`` and ``size`` (a file's content, streamed), ``delete`` (an
+upload orphaned by a cancellation, a deleted file), and ``url`` (the gateway
+resolves a fresh, expiring URL on every read of a job).
 
 - ``LocalObjectStore`` (the embedded default) needs no server: files live under
   ``<state_dir>/objects`` and the gateway serves them itself at
@@ -13,7 +14,8 @@ read of a job).
   and the expiry under a secret only the gateway's processes know. Keys are
   checked against a strict pattern before any path is built, so no request can
   name a file outside the folder. One machine only: heads and gateway replicas
-  must share the folder.
+  must share the folder. Objects are written 0600: readable by the gateway's own
+  user only.
 - ``S3ObjectStore`` puts objects in a bucket of any S3-compatible service and
   hands out boto3 presigned GET URLs (computed locally, no request to S3).
 """
@@ -26,11 +28,12 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 from urllib.parse import quote
 
 from serve_app.protocol.errors import NotFoundError, PermissionDeniedError
@@ -45,6 +48,10 @@ _SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 _KEY = re.compile(rf"^{_SEGMENT}(?:/{_SEGMENT}){{0,7}}$")
 """Segments start with a letter or digit: no ``.``/``..``, no hidden files, no empty parts."""
 _SECRET_FILE = ".url-secret"
+CHUNK_BYTES = 1 << 20
+"""How much of an object one read or copy step holds."""
+S3_PART_UPLOADS = 4
+"""Parts of one S3 multipart upload sent at once (8 MiB each)."""
 
 
 def valid_key(key: str) -> bool:
@@ -56,8 +63,21 @@ class ObjectStore(Protocol):
 
     def put(self, key: str, data: bytes, content_type: str) -> None: ...
 
+    def put_file(self, key: str, fileobj: BinaryIO, content_type: str) -> None:
+        """Store what ``fileobj`` holds from its position to its end, read in chunks."""
+        ...
+
     def get(self, key: str) -> bytes:
         """The object's bytes; ``NotFoundError`` when it does not exist."""
+        ...
+
+    def iter_chunks(self, key: str, chunk_size: int = CHUNK_BYTES) -> ObjectChunks:
+        """The object's bytes in chunks of at most ``chunk_size``; ``NotFoundError`` at
+        once (not at the first chunk) when it does not exist."""
+        ...
+
+    def size(self, key: str) -> int:
+        """The object's size in bytes; ``NotFoundError`` when it does not exist."""
         ...
 
     def delete(self, key: str) -> None: ...
@@ -67,6 +87,41 @@ class ObjectStore(Protocol):
 
 def _object_not_found() -> NotFoundError:
     return NotFoundError("No such file.", code="object_not_found")
+
+
+class ObjectChunks(Iterator[bytes]):
+    """An open object read chunk by chunk; ``close`` lets go of it (a file handle, an
+    HTTP connection) even when it was not read to its end, and reading to the end
+    closes it too."""
+
+    def __init__(
+        self,
+        read: Callable[[int], bytes],
+        close: Callable[[], None],
+        size: int,
+        length: int | None = None,
+    ) -> None:
+        self._read, self._close, self._size = read, close, size
+        self._closed = False
+        self.length = length
+        """The object's size as opened (None when the store did not say)."""
+
+    def __iter__(self) -> ObjectChunks:
+        return self
+
+    def __next__(self) -> bytes:
+        if self._closed:
+            raise StopIteration
+        chunk = self._read(self._size)
+        if not chunk:
+            self.close()
+            raise StopIteration
+        return chunk
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._close()
 
 
 class LocalObjectStore:
@@ -82,16 +137,25 @@ class LocalObjectStore:
         self._secret = secret
         self._clock = clock
 
-    # ---- writing (the video head) -------------------------------------------------
+    # ---- writing (the video head, files, batch outputs) ----------------------------
     def put(self, key: str, data: bytes, content_type: str) -> None:
         """Write atomically: a reader never sees a half-written file."""
+        self._write(key, lambda handle: handle.write(data))
+
+    def put_file(self, key: str, fileobj: BinaryIO, content_type: str) -> None:
+        """Copy in chunks into a temporary file beside the object, then rename it."""
+        self._write(key, lambda handle: shutil.copyfileobj(fileobj, handle, CHUNK_BYTES))
+
+    def _write(self, key: str, fill: Callable[[BinaryIO], object]) -> None:
+        """A temporary file (``mkstemp``: mode 0600, the gateway's user only: other local
+        users must not read another organization's files), filled, renamed into place."""
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".upload-", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-            os.chmod(tmp, 0o644)
+                fill(handle)
+            os.chmod(tmp, 0o600)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -100,6 +164,20 @@ class LocalObjectStore:
     def get(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise _object_not_found() from None
+
+    def iter_chunks(self, key: str, chunk_size: int = CHUNK_BYTES) -> ObjectChunks:
+        try:
+            handle = self._path(key).open("rb")
+        except FileNotFoundError:
+            raise _object_not_found() from None
+        length = os.fstat(handle.fileno()).st_size
+        return ObjectChunks(handle.read, handle.close, chunk_size, length)
+
+    def size(self, key: str) -> int:
+        try:
+            return self._path(key).stat().st_size
         except FileNotFoundError:
             raise _object_not_found() from None
 
@@ -181,13 +259,52 @@ class S3ObjectStore:
             Bucket=self.bucket, Key=self.prefix + key, Body=data, ContentType=content_type
         )
 
+    def put_file(self, key: str, fileobj: BinaryIO, content_type: str) -> None:
+        """boto3's managed transfer: one PUT when small, a multipart upload of 8 MiB parts
+        otherwise; the object appears only once every part is in. At most
+        ``S3_PART_UPLOADS`` parts are in flight, so an upload holds at most that many parts
+        in memory (boto3's default of 10 would hold 80 MiB)."""
+        from boto3.s3.transfer import TransferConfig
+
+        self.client.upload_fileobj(
+            fileobj,
+            self.bucket,
+            self.prefix + key,
+            ExtraArgs={"ContentType": content_type},
+            Config=TransferConfig(max_concurrency=S3_PART_UPLOADS),
+        )
+
     def get(self, key: str) -> bytes:
+        data: bytes = self._get_object(key)["Body"].read()
+        return data
+
+    def iter_chunks(self, key: str, chunk_size: int = CHUNK_BYTES) -> ObjectChunks:
+        answer = self._get_object(key)
+        body = answer["Body"]
+        length = answer.get("ContentLength")
+        return ObjectChunks(
+            body.read, body.close, chunk_size, None if length is None else int(length)
+        )
+
+    def size(self, key: str) -> int:
+        from botocore.exceptions import ClientError
+
         try:
-            answer = self.client.get_object(Bucket=self.bucket, Key=self.prefix + key)
+            head = self.client.head_object(Bucket=self.bucket, Key=self.prefix + key)
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                raise _object_not_found() from None
+            raise
+        return int(head["ContentLength"])
+
+    def _get_object(self, key: str) -> dict[str, Any]:
+        try:
+            answer: dict[str, Any] = self.client.get_object(
+                Bucket=self.bucket, Key=self.prefix + key
+            )
         except self.client.exceptions.NoSuchKey:
             raise _object_not_found() from None
-        data: bytes = answer["Body"].read()
-        return data
+        return answer
 
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self.prefix + key)

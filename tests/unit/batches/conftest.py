@@ -62,6 +62,7 @@ class BatchHarness:
             main.options,
             clock=self.clock,
             worker_id=worker_id,
+            accounts_generation=main._accounts_generation,
         )
 
     async def upload(self, lines: list[Any], who: str = "user") -> str:

@@ -397,11 +397,15 @@ async def test_batches_list_pages_newest_first(batches: BatchHarness) -> None:
     assert [b["id"] for b in rest["data"]] == [ids[0]] and not rest["has_more"]
 
 
-async def test_a_revoked_owner_key_fails_the_remaining_lines(batches: BatchHarness) -> None:
+async def test_a_revoked_owner_key_fails_the_remaining_lines_at_once(
+    batches: BatchHarness,
+) -> None:
+    """The worker cached the owner at validation (for 10 s); the revocation moves the
+    accounts generation, which drops that cache before the next line."""
     created = await batches.create([chat_line("a")])
     await batches.worker.run_stage()
+    assert batches.worker._owners  # the owner, cached by validation
     batches.gw.store.revoke_key(batches.gw.keys["user"])
-    batches.worker._owners.clear()
     await batches.worker.drain()
     async with batches.gw.client(batches.gw.store.create_key("alice", "acme")) as http:
         done = (await http.get(f"/v1/batches/{created['id']}")).json()
