@@ -19,6 +19,7 @@ from serve_app.inference.answers import FrameStream
 from serve_app.protocol.errors import NotFoundError, RequestTooLargeError
 from serve_app.storage.db import Database
 from serve_app.storage.objects import LocalObjectStore
+from serve_app.storage.quotas import StorageLimits, StorageQuotas
 from tests.unit.batches.conftest import BatchHarness
 
 ALICE = Principal("key-a", "user-a", "org-a", "member", frozenset({"inference"}))
@@ -53,7 +54,12 @@ def _spooled(size: int) -> BinaryIO:
 @pytest.fixture
 def service(db: Database, tmp_path: Path) -> FileService:
     objects = LocalObjectStore(tmp_path / "objects", secret=b"s")
-    return FileService(FileStore(db), objects, FilePolicy(max_file_bytes=64 * MIB, list_limit=20))
+    return FileService(
+        FileStore(db),
+        objects,
+        FilePolicy(max_file_bytes=64 * MIB, list_limit=20),
+        quotas=StorageQuotas(db, StorageLimits(None, None)),
+    )
 
 
 async def test_an_upload_and_its_download_are_streamed(service: FileService) -> None:
@@ -81,7 +87,12 @@ async def test_an_upload_and_its_download_are_streamed(service: FileService) -> 
 
 async def test_an_upload_over_the_limit_stores_nothing(db: Database, tmp_path: Path) -> None:
     objects = LocalObjectStore(tmp_path / "objects", secret=b"s")
-    service = FileService(FileStore(db), objects, FilePolicy(max_file_bytes=MIB, list_limit=20))
+    service = FileService(
+        FileStore(db),
+        objects,
+        FilePolicy(max_file_bytes=MIB, list_limit=20),
+        quotas=StorageQuotas(db, StorageLimits(None, None)),
+    )
     with pytest.raises(RequestTooLargeError):
         await service.upload(_SpooledUpload(_spooled(MIB + 1)), "batch", ALICE)
     assert not (tmp_path / "objects").exists()
