@@ -33,6 +33,7 @@ from serve_app.routes import (
     health,
     models,
     responses,
+    session,
     session_only,
     video,
 )
@@ -66,6 +67,7 @@ def api_routes() -> tuple[BaseRoute, ...]:
         batches,
         dedicated,
         adapters,
+        session,
         session_only,
     ):
         router.include_router(module.router)
