@@ -108,8 +108,7 @@ def build_state(
     when ``GATEWAY_REDIS_URL`` is set, else in-process) and the metrics backend;
     ``objects`` the object store of generated videos and files (default: from settings);
     ``sandbox`` the code sandbox (default: bubblewrap in this process);
-    ``clock`` the dedicated subsystem's and the batches' (tests drive a manual one).
-    """
+    ``clock`` the dedicated subsystem's and the batches' (tests drive a manual one)."""
     dedicated = _dedicated(config, database, settings, dedicated_backend, clock)
     router = dedicated.router if dedicated is not None else None
     catalog = Catalog(
