@@ -26,6 +26,7 @@ from serve_app.routes import (
     batches,
     chat,
     completions,
+    dashboard,
     dedicated,
     document,
     embeddings,
@@ -68,6 +69,7 @@ def api_routes() -> tuple[BaseRoute, ...]:
         dedicated,
         adapters,
         session,
+        dashboard,
         session_only,
     ):
         router.include_router(module.router)
