@@ -1,5 +1,5 @@
 """``/api/billing`` with a dashboard session: the ledger's figures, by group, per role,
-as CSV, and the quotas (docs/reference/dashboard-api.md#billing)."""
+as CSV, and the quotas (docs/reference/dashboard.md#billing)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``/api/orgs/current`` with a dashboard session: members and admins, switches,
-removal (docs/reference/dashboard-api.md#organization)."""
+removal (docs/reference/dashboard.md#organization)."""
 
 from __future__ import annotations
 
