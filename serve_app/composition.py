@@ -32,11 +32,16 @@ from deployments.sandbox.bwrap import BwrapSandbox
 from serve_app.adapters.service import AdapterService
 from serve_app.adapters.store import AdapterStore
 from serve_app.auth.accounts import AccountStore
+from serve_app.auth.dashboard import DashboardSessions
 from serve_app.auth.epoch import EpochWatch
+from serve_app.auth.key_admin import KeyAdmin
+from serve_app.auth.members import MemberAdmin
 from serve_app.auth.service import AuthService
+from serve_app.auth.sessions import SessionStore
 from serve_app.batches.service import BatchService
 from serve_app.batches.store import BatchStore
 from serve_app.batches.worker import BatchWorker
+from serve_app.billing.reports import UsageReports
 from serve_app.catalog.catalog import Catalog
 from serve_app.catalog.config import CatalogModel
 from serve_app.config import GatewayAppArgs
@@ -69,9 +74,10 @@ from serve_app.inference.readiness import HeadReadiness, serve_status_source
 from serve_app.inference.responses.service import ResponsesService
 from serve_app.inference.video.service import VideoService
 from serve_app.ingress.replays import build_replay_store
-from serve_app.ingress.state import GatewayState
+from serve_app.ingress.state import DashboardServices, GatewayState
 from serve_app.jobs.store import JobStore
 from serve_app.limits.buckets import CounterStore
+from serve_app.limits.limiter import PlatformLimits, build_counter_store
 from serve_app.metrics import GatewayMetrics
 from serve_app.settings import GatewaySettings, get_settings, require_production_ready
 from serve_app.storage.db import Database
@@ -145,8 +151,7 @@ def build_state(
     when ``GATEWAY_REDIS_URL`` is set, else in-process) and the metrics backend;
     ``objects`` the object store of generated videos and files (default: from settings);
     ``sandbox`` the code sandbox (default: bubblewrap in this process);
-    ``clock`` the dedicated subsystem's and the batches' (tests drive a manual one).
-    """
+    ``clock`` the dedicated subsystem's and the batches' (tests drive a manual one)."""
     dedicated = _dedicated(config, database, settings, dedicated_backend, clock)
     router = dedicated.router if dedicated is not None else None
     catalog = Catalog(
@@ -176,6 +181,7 @@ def build_state(
         batches=BatchService(BatchStore(database), files.store, config.batches, clock=clock),
         adapters=adapters,
         dedicated=dedicated,
+        dashboard=_dashboard(config, database, settings),
     )
     if config.batches.enabled:
         _attach_batch_worker(state, config, database, settings, objects, metering, clock)
@@ -234,6 +240,38 @@ def _auth(database: Database, settings: GatewaySettings) -> AuthService:
         AccountStore(database, pepper=settings.key_pepper),
         settings,
         epochs=EpochWatch.build(database, settings.redis_url),
+    )
+
+
+def session_store(database: Database, settings: GatewaySettings) -> SessionStore:
+    """Dashboard sessions, passwords and sign-in links (the CLI builds the same)."""
+    return SessionStore(
+        database,
+        AccountStore(database, pepper=settings.key_pepper),
+        ttl_s=settings.session_ttl_s,
+        link_ttl_s=settings.login_link_ttl_s,
+    )
+
+
+def _dashboard(
+    config: GatewayAppArgs, database: Database, settings: GatewaySettings
+) -> DashboardServices:
+    """The session-only API: sign-in attempts counted in their own counters (Redis when
+    configured, so every replica counts together)."""
+    counters = build_counter_store(
+        settings.redis_url, window_s=60.0, prefix=f"{config.limits.redis_prefix}:login"
+    )
+    sessions = session_store(database, settings)
+    accounts = AccountStore(database, pepper=settings.key_pepper)
+    limits = config.limits
+    return DashboardServices(
+        sessions=DashboardSessions(sessions, counters),
+        keys=KeyAdmin(accounts),
+        members=MemberAdmin(accounts, sessions),
+        usage=UsageReports(database),
+        platform_limits=PlatformLimits(
+            rpm=limits.rpm, tpm=limits.tpm, daily_tokens=limits.daily_tokens
+        ),
     )
 
 
@@ -377,7 +415,7 @@ def _attach_batch_worker(
         state.files.store,
         objects,
         state.catalog,
-        AccountStore(database, pepper=settings.key_pepper).principal_for_key_id,
+        session_store(database, settings).principal_for_key_id,  # keys and sessions
         state,
         metering,
         config.batches,
@@ -455,3 +493,5 @@ async def close_replica(state: GatewayState) -> None:
     await state.text.metering.aclose()
     await state.replays.aclose()
     await state.auth.aclose()
+    if state.dashboard is not None:
+        await state.dashboard.sessions.aclose()

@@ -38,8 +38,10 @@ import tempfile
 import time
 from typing import IO
 
+from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from serve_app.auth.dashboard import SESSION_COOKIE
 from serve_app.ingress.deps import known_caller
 from serve_app.ingress.errors import error_response
 from serve_app.ingress.replays import Answered, Claimed, InFlight, ReplayStore, StoredAnswer
@@ -253,19 +255,30 @@ def _header(scope: Scope, wanted: bytes) -> bytes:
     return b""
 
 
+def _caller(scope: Scope) -> bytes:
+    """Who asks: the whole Authorization value, else the dashboard session's cookie token
+    (the auth dependency reads them in that order), else nothing (such a request is a 401
+    and stores no answer)."""
+    authorization = _header(scope, b"authorization")
+    if authorization:
+        return b"authorization:" + authorization
+    token = cookie_parser(_header(scope, b"cookie").decode("latin-1")).get(SESSION_COOKIE)
+    return b"session:" + token.encode() if token else b""
+
+
 def _slot(scope: Scope, key: str) -> str:
     """One slot per caller, route and key.
 
     The caller is the one ``AuthFirstMiddleware`` authenticated before this runs: its
     organization and key id, so another organization's key (or a dashboard session,
     which sends no Authorization header) never shares a slot with it. A route without
-    a caller dependency falls back to a hash of the whole Authorization value.
+    a caller dependency falls back to its credential (``_caller``).
     """
     caller = known_caller(scope)
     if caller is not None:
         who = b"caller\0" + f"{caller.org_id}\0{caller.key_id}".encode()
     else:
-        who = b"header\0" + _header(scope, b"authorization")
+        who = b"header\0" + _caller(scope)
     digest = hashlib.sha256()
     for part in (who, scope["path"].encode(), key.encode()):
         digest.update(hashlib.sha256(part).digest())
