@@ -13,6 +13,7 @@ import functools
 from fastapi import APIRouter, FastAPI
 from starlette.routing import BaseRoute
 
+from serve_app.dashboard import pages as dashboard_pages
 from serve_app.ingress.body_limit import BodyLimitMiddleware
 from serve_app.ingress.errors import install_error_handlers
 from serve_app.ingress.idempotency import IdempotencyMiddleware
@@ -67,6 +68,7 @@ def api_routes() -> tuple[BaseRoute, ...]:
         dedicated,
         adapters,
         session_only,
+        dashboard_pages,
     ):
         router.include_router(module.router)
     return tuple(router.routes)
