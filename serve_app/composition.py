@@ -30,8 +30,10 @@ from deployments.sandbox.bwrap import BwrapSandbox
 from serve_app.adapters.service import AdapterService
 from serve_app.adapters.store import AdapterStore
 from serve_app.auth.accounts import AccountStore
+from serve_app.auth.dashboard import DashboardSessions
 from serve_app.auth.epoch import EpochWatch
 from serve_app.auth.service import AuthService
+from serve_app.auth.sessions import SessionStore
 from serve_app.batches.service import BatchService
 from serve_app.batches.store import BatchStore
 from serve_app.batches.worker import BatchWorker
@@ -66,9 +68,10 @@ from serve_app.inference.readiness import HeadReadiness, serve_status_source
 from serve_app.inference.responses.service import ResponsesService
 from serve_app.inference.video.service import VideoService
 from serve_app.ingress.replays import build_replay_store
-from serve_app.ingress.state import GatewayState
+from serve_app.ingress.state import DashboardServices, GatewayState
 from serve_app.jobs.store import JobStore
 from serve_app.limits.buckets import CounterStore
+from serve_app.limits.limiter import build_counter_store
 from serve_app.metrics import GatewayMetrics
 from serve_app.settings import GatewaySettings, get_settings, require_production_ready
 from serve_app.storage.db import Database
@@ -136,6 +139,7 @@ def build_state(
         batches=BatchService(BatchStore(database), files.store, config.batches, clock=clock),
         adapters=adapters,
         dedicated=dedicated,
+        dashboard=_dashboard(config, database, settings),
     )
     if config.batches.enabled:
         _attach_batch_worker(state, config, database, settings, objects, metering, clock)
@@ -194,6 +198,29 @@ def _auth(database: Database, settings: GatewaySettings) -> AuthService:
         AccountStore(database, pepper=settings.key_pepper),
         settings,
         epochs=EpochWatch.build(database, settings.redis_url),
+    )
+
+
+def session_store(database: Database, settings: GatewaySettings) -> SessionStore:
+    """Dashboard sessions, passwords and sign-in links (the CLI builds the same)."""
+    return SessionStore(
+        database,
+        AccountStore(database, pepper=settings.key_pepper),
+        ttl_s=settings.session_ttl_s,
+        link_ttl_s=settings.login_link_ttl_s,
+    )
+
+
+def _dashboard(
+    config: GatewayAppArgs, database: Database, settings: GatewaySettings
+) -> DashboardServices:
+    """The session-only API: sign-in attempts counted in their own counters (Redis when
+    configured, so every replica counts together)."""
+    counters = build_counter_store(
+        settings.redis_url, window_s=60.0, prefix=f"{config.limits.redis_prefix}:login"
+    )
+    return DashboardServices(
+        sessions=DashboardSessions(session_store(database, settings), counters),
     )
 
 
@@ -317,7 +344,7 @@ def _attach_batch_worker(
         state.files.store,
         objects,
         state.catalog,
-        AccountStore(database, pepper=settings.key_pepper).principal_for_key_id,
+        session_store(database, settings).principal_for_key_id,  # keys and sessions
         state,
         metering,
         config.batches,
@@ -394,3 +421,5 @@ async def close_replica(state: GatewayState) -> None:
     await state.text.metering.aclose()
     await state.replays.aclose()
     await state.auth.aclose()
+    if state.dashboard is not None:
+        await state.dashboard.sessions.aclose()

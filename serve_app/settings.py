@@ -47,6 +47,17 @@ class GatewaySettings(BaseSettings):
             "(the accounts generation); this bounds only edits made to the database by hand."
         ),
     )
+    session_ttl_s: int = Field(
+        default=43_200,
+        ge=60,
+        description="Lifetime of a dashboard session from sign-in (default 12 h).",
+    )
+    login_link_ttl_s: int = Field(
+        default=900,
+        ge=30,
+        le=86_400,
+        description="Lifetime of a one-time sign-in link (`gateway users login-link`).",
+    )
     key_pepper: str = Field(
         default="",
         description="Optional secret mixed into key hashes; changing it invalidates all keys.",

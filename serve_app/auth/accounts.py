@@ -20,7 +20,7 @@ import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -36,19 +36,31 @@ from serve_app.storage.schema import api_keys, memberships, orgs, users, utcnow
 
 logger = logging.getLogger(__name__)
 
+LAST_USED_RESOLUTION_S = 60
+"""A key's ``last_used_at`` is written at most this often (it is a listing's hint)."""
+
 _NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}")
 
+
+TOOL_FLAGS = ("web_search_enabled", "web_fetch_enabled", "code_interpreter_enabled")
+"""A member has a tool when their user's flag or their org's flag is on."""
+
+# What a principal needs about its user, org and membership (joined by every lookup).
+MEMBER_COLUMNS = (
+    *(users.c[c] for c in ("rpm", "tpm", "daily_tokens", *TOOL_FLAGS)),
+    *(orgs.c[c].label(f"org_{c}") for c in TOOL_FLAGS),
+    orgs.c.external_providers_enabled,
+    orgs.c.internal,
+    memberships.c.role,
+)
 
 # Everything authentication needs about a key, fetched in one joined query.
 _KEY_LOOKUP_COLUMNS = (
     *(api_keys.c[c] for c in ("id", "key_hash", "user_id", "org_id", "scopes", "revoked_at")),
     api_keys.c.rpm.label("key_rpm"),
     api_keys.c.tpm.label("key_tpm"),
-    *(users.c[c] for c in ("rpm", "tpm", "daily_tokens", "web_search_enabled")),
-    *(users.c[c] for c in ("web_fetch_enabled", "code_interpreter_enabled")),
-    orgs.c.external_providers_enabled,
-    orgs.c.internal,
-    memberships.c.role,
+    api_keys.c.expires_at.label("key_expires_at"),
+    *MEMBER_COLUMNS,
 )
 
 
@@ -165,6 +177,10 @@ class AccountStore:
         bump_local(self._db)
         if self._publish is not None:
             self._publish()
+
+    @property
+    def database(self) -> Database:
+        return self._db
 
     def hash(self, raw_key: str) -> str:
         """The stored form of a raw key under this store's pepper."""
@@ -290,12 +306,15 @@ class AccountStore:
         *,
         rpm: int | None = None,
         tpm: int | None = None,
+        name: str | None = None,
+        expires_at: datetime | None = None,
     ) -> str:
         """Create a key and return it raw; the only time the raw key exists.
 
         Missing users and orgs are created. ``role=None`` keeps an existing
         membership's role (new members get ``member``), so issuing a key never
-        silently demotes an admin.
+        silently demotes an admin. ``name`` labels it in listings; after
+        ``expires_at`` it is refused like a revoked key.
         """
         granted = parse_scopes(scopes)
         limits = {**_limit_value("rpm", rpm), **_limit_value("tpm", tpm)}
@@ -319,6 +338,8 @@ class AccountStore:
                     org_id=org_id,
                     scopes=" ".join(sorted(granted)),
                     created_at=utcnow(),
+                    name=name,
+                    expires_at=expires_at,
                     **limits,
                 )
             )
@@ -371,11 +392,27 @@ class AccountStore:
         """The key with its user, org and membership, in one joined query."""
         return self._stored_key(api_keys.c.key_hash == key_hash)
 
+    def touch_key(self, key_id: str) -> None:
+        """Set ``last_used_at``, at most once a minute per key (a no-op write otherwise)."""
+        now = utcnow()
+        stale = sa.or_(
+            api_keys.c.last_used_at.is_(None),
+            api_keys.c.last_used_at < now - timedelta(seconds=LAST_USED_RESOLUTION_S),
+        )
+        with self._db.begin() as conn:
+            conn.execute(
+                sa.update(api_keys).where(api_keys.c.id == key_id, stale).values(last_used_at=now)
+            )
+
     def principal_for_key_id(self, key_id: str) -> Principal | None:
-        """The caller behind a key id, as now (a batch runs under its creator's key);
-        None when missing, revoked or no longer a member."""
+        """The caller behind a key id, as now (a batch runs under its creator's key, or
+        None when missing, revoked, expired or no longer a member. Batches made in a
+        dashboard session ask ``SessionStore.principal_for_key_id`` instead."""
         stored = self._stored_key(api_keys.c.id == key_id)
-        if stored is None or stored.revoked_at is not None:
+        if stored is None or stored.revoked_at is not None or stored.principal is None:
+            return None
+        expires = stored.principal.key_expires_at
+        if expires is not None and expires <= utcnow().timestamp():
             return None
         return stored.principal
 
@@ -415,20 +452,50 @@ class AccountStore:
 
 
 def _principal(row: sa.RowMapping) -> Principal:
-    return Principal(
+    expires = row["key_expires_at"]
+    return member_principal(
+        row,
         key_id=row["id"],
+        scopes=frozenset(row["scopes"].split()),
+        key_rpm=row["key_rpm"],
+        key_tpm=row["key_tpm"],
+        key_expires_at=None if expires is None else as_utc(expires).timestamp(),
+    )
+
+
+def as_utc(moment: datetime) -> datetime:
+    """SQLite hands timestamps back without their zone; they were stored in UTC."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def member_principal(
+    row: sa.RowMapping,
+    *,
+    key_id: str,
+    scopes: frozenset[str],
+    key_rpm: int | None = None,
+    key_tpm: int | None = None,
+    key_expires_at: float | None = None,
+) -> Principal:
+    """The caller from a row holding ``MEMBER_COLUMNS`` and ``user_id``/``org_id``: a key's,
+    or a dashboard session's (``serve_app.auth.sessions``)."""
+    return Principal(
+        key_id=key_id,
         user_id=row["user_id"],
         org_id=row["org_id"],
         role=row["role"],
-        scopes=frozenset(row["scopes"].split()),
-        web_search_enabled=row["web_search_enabled"],
-        web_fetch_enabled=row["web_fetch_enabled"],
-        code_interpreter_enabled=row["code_interpreter_enabled"],
+        scopes=scopes,
+        web_search_enabled=row["web_search_enabled"] or row["org_web_search_enabled"],
+        web_fetch_enabled=row["web_fetch_enabled"] or row["org_web_fetch_enabled"],
+        code_interpreter_enabled=(
+            row["code_interpreter_enabled"] or row["org_code_interpreter_enabled"]
+        ),
         external_providers_enabled=row["external_providers_enabled"],
         org_internal=row["internal"],
         user_limits=UserLimits(rpm=row["rpm"], tpm=row["tpm"], daily_tokens=row["daily_tokens"]),
-        key_rpm=row["key_rpm"],
-        key_tpm=row["key_tpm"],
+        key_rpm=key_rpm,
+        key_tpm=key_tpm,
+        key_expires_at=key_expires_at,
     )
 
 

@@ -44,3 +44,5 @@ class Principal:
     user_limits: UserLimits = field(default_factory=UserLimits)
     key_rpm: int | None = None
     key_tpm: int | None = None
+    key_expires_at: float | None = None
+    """When the key stops working (seconds since the epoch); None: never."""

@@ -22,7 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import NoReturn, Protocol
+from typing import Protocol
 
 from serve_app.auth.accounts import StoredKey
 from serve_app.auth.epoch import EpochWatch, Seen
@@ -40,6 +40,10 @@ class KeyLookup(Protocol):
     def hash(self, raw_key: str) -> str: ...
 
     def find_key(self, key_hash: str) -> StoredKey | None: ...
+
+    def touch_key(self, key_id: str) -> None:
+        """Record that the key was just used (its listing's ``last_used_at``)."""
+        ...
 
 
 class _TTLCache:
@@ -103,8 +107,10 @@ class AuthService:
         max_cache_entries: int = DEFAULT_CACHE_ENTRIES,
         clock: Callable[[], float] = time.monotonic,
         epochs: EpochWatch | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
+        self._wall_clock = wall_clock
         self._cache = _TTLCache(settings.auth_cache_seconds, max_cache_entries, clock)
         self._epochs = epochs
         self._seen: Seen | None = None
@@ -136,7 +142,14 @@ class AuthService:
             raw_key = _bearer_token(authorization_header)
         except AuthenticationError:
             return None
-        return self._cache.get(self._store.hash(raw_key))
+        principal = self._cache.get(self._store.hash(raw_key))
+        if principal is None or self._expired(principal):
+            return None  # ``authenticate`` answers the 401 of an expired key
+        return principal
+
+    def _expired(self, principal: Principal) -> bool:
+        expires = principal.key_expires_at
+        return expires is not None and self._wall_clock() >= expires
 
     def authenticate(self, authorization_header: str | None) -> Principal:
         """The caller behind ``Authorization: Bearer <key>``, or ``AuthenticationError`` (401)."""
@@ -146,7 +159,7 @@ class AuthService:
             self._observe(self._epochs.current_sync())
         generation = self._cache.generation
         cached = self._cache.get(key_hash)
-        if cached is not None:
+        if cached is not None and not self._expired(cached):
             return cached
         stored = self._store.find_key(key_hash)
         if stored is None or not hmac.compare_digest(stored.key_hash, key_hash):
@@ -155,6 +168,10 @@ class AuthService:
             raise _invalid("This API key has been revoked.")
         if stored.principal is None:
             raise _invalid("This API key's user is no longer a member of its organization.")
+        if self._expired(stored.principal):
+            raise _invalid("This API key has expired.")
+        # Once per cache miss (at most once per auth_cache_seconds per key and replica).
+        self._store.touch_key(stored.key_id)
         self._cache.put(key_hash, stored.principal, generation)
         return stored.principal
 
@@ -172,20 +189,6 @@ class AuthService:
             raise PermissionDeniedError(
                 "This API key is not allowed to use this route.", code="insufficient_scope"
             )
-
-    @staticmethod
-    def require_session(principal: Principal | None = None) -> NoReturn:
-        """403 ``session_required``: for credential, org, billing and admin routes.
-
-        docs/reference/common.md#scopes-and-session-only-routes reserves those operations for
-        dashboard sessions. The gateway has no browser sessions yet, so every caller reaching such a
-        route holds an API key and is refused; when sessions arrive this
-        becomes a real check.
-        """
-        raise PermissionDeniedError(
-            "This operation requires a dashboard session; API keys cannot perform it.",
-            code="session_required",
-        )
 
 
 def _bearer_token(header: str | None) -> str:

@@ -10,6 +10,7 @@ captures exactly the key.
 from __future__ import annotations
 
 import argparse
+import getpass
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +19,9 @@ from typing import Any
 from serve_app.auth.accounts import AccountStore, OrgRecord, UserRecord
 from serve_app.auth.epoch import RedisEpochPublisher
 from serve_app.auth.principal import ALL_SCOPES, ROLES
+from serve_app.auth.sessions import SessionStore
 from serve_app.cli.errors import CommandError
+from serve_app.protocol.errors import GatewayError
 from serve_app.settings import GatewaySettings
 from serve_app.storage.db import Database
 
@@ -62,6 +65,15 @@ def _open_store(settings: GatewaySettings) -> Iterator[AccountStore]:
         db.dispose()
         if publish is not None:
             publish.close()
+
+
+def session_store(store: AccountStore, settings: GatewaySettings) -> SessionStore:
+    return SessionStore(
+        store.database,
+        store,
+        ttl_s=settings.session_ttl_s,
+        link_ttl_s=settings.login_link_ttl_s,
+    )
 
 
 # ---- handlers ----------------------------------------------------------------
@@ -133,6 +145,47 @@ def _users_update(args: argparse.Namespace, settings: GatewaySettings) -> int:
         raise CommandError("nothing to update: give at least one option (see --help)")
     with _open_store(settings) as store:
         print(_describe_user(store.update_user(_target(args, "user"), **changes)))
+    return 0
+
+
+def _read_password(args: argparse.Namespace) -> str:
+    """From the terminal (asked twice, not echoed), or the first line of stdin when piped."""
+    if not sys.stdin.isatty():
+        return sys.stdin.readline().rstrip("\r\n")
+    first = getpass.getpass(f"New password for {_target(args, 'user')}: ")
+    if getpass.getpass("Again: ") != first:
+        raise CommandError("the two passwords differ; nothing was changed")
+    return first
+
+
+def _users_set_password(args: argparse.Namespace, settings: GatewaySettings) -> int:
+    password = _read_password(args)
+    with _open_store(settings) as store:
+        sessions = session_store(store, settings)
+        try:
+            sessions.set_password(_target(args, "user"), password)
+        except GatewayError as error:
+            raise CommandError(error.message) from None
+    print(
+        f"Password set for {_target(args, 'user')}; their other dashboard sessions ended. "
+        "Sign in at /dashboard."
+    )
+    return 0
+
+
+def _users_login_link(args: argparse.Namespace, settings: GatewaySettings) -> int:
+    with _open_store(settings) as store:
+        sessions = session_store(store, settings)
+        try:
+            token = sessions.create_login_token(_target(args, "user"))
+        except GatewayError as error:
+            raise CommandError(error.message) from None
+    minutes = settings.login_link_ttl_s // 60
+    print(
+        f"One-time sign-in link for {_target(args, 'user')} (valid {minutes} min, once):",
+        file=sys.stderr,
+    )
+    print(f"{args.base_url.rstrip('/')}/dashboard/login/token?token={token}")
     return 0
 
 
@@ -235,6 +288,28 @@ def _register_users_orgs(subparsers: _SubParsers) -> None:
     for name in ("web-search", "web-fetch", "code-interpreter"):
         update.add_argument(f"--{name}", type=_switch, metavar="on|off", help=f"{name} tool")
     update.set_defaults(handler=_users_update)
+
+    set_password = user_commands.add_parser(
+        "set-password",
+        help="set a user's dashboard password (asked on the terminal, or one line of stdin)",
+        description="Set the password a user signs in to /dashboard with; their other "
+        "sessions end. The user must exist (gateway keys create makes users).",
+    )
+    _add_target(set_password, "user", "USER", "user name")
+    set_password.set_defaults(handler=_users_set_password)
+
+    link = user_commands.add_parser(
+        "login-link",
+        help="print a one-time dashboard sign-in link for a user",
+        description="Print a link that signs the user in once, within GATEWAY_LOGIN_LINK_TTL_S.",
+    )
+    _add_target(link, "user", "USER", "user name")
+    link.add_argument(
+        "--base-url",
+        default="http://127.0.0.1:8000",
+        help="where browsers reach the gateway (default http://127.0.0.1:8000)",
+    )
+    link.set_defaults(handler=_users_login_link)
 
     orgs = subparsers.add_parser("orgs", help="change organization flags")
     org_commands = orgs.add_subparsers(title="orgs commands", dest="orgs_command", required=True)

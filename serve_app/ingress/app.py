@@ -34,6 +34,7 @@ from serve_app.routes import (
     health,
     models,
     responses,
+    session,
     session_only,
     video,
 )
@@ -67,6 +68,7 @@ def api_routes() -> tuple[BaseRoute, ...]:
         batches,
         dedicated,
         adapters,
+        session,
         session_only,
         dashboard_pages,
     ):

@@ -1,4 +1,12 @@
-"""Typed FastAPI dependencies: the caller and the gateway state."""
+"""Typed FastAPI dependencies: the caller and the gateway state.
+
+One authentication dependency serves every route: an ``Authorization`` header is an API
+key (``serve_app.auth.service``); without one, the dashboard's session cookie is read
+(``serve_app.auth.dashboard``), and its principal is the session's user in its current
+organization with every scope. A write made with the cookie must carry the session's
+CSRF token. Session-only routes (``session_caller``) take only the cookie: an API key
+there is 403 ``session_required``.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +15,13 @@ from typing import Annotated
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
+from serve_app.auth.dashboard import CSRF_HEADER, not_signed_in, require_csrf
 from serve_app.auth.principal import SCOPE_DEDICATED, SCOPE_INFERENCE, Principal
-from serve_app.ingress.state import GatewayState
+from serve_app.auth.sessions import Session
+from serve_app.ingress.state import DashboardServices, GatewayState
 from serve_app.protocol.errors import PermissionDeniedError
+
+SESSION_COOKIE = "gw_session"
 
 
 async def get_state(request: Request) -> GatewayState:
@@ -21,9 +33,28 @@ async def get_state(request: Request) -> GatewayState:
 State = Annotated[GatewayState, Depends(get_state)]
 
 
-async def _authenticate(request: Request) -> Principal:
+async def dashboard_services(request: Request) -> DashboardServices:
     state: GatewayState = request.app.state.gateway
+    if state.dashboard is None:
+        raise not_signed_in()
+    return state.dashboard
+
+
+async def _session(request: Request) -> Session:
+    """The request's live session (401 ``invalid_session``), CSRF checked on writes."""
+    session = await (await dashboard_services(request)).sessions.current(
+        request.cookies.get(SESSION_COOKIE)
+    )
+    require_csrf(session, request.method, request.headers.get(CSRF_HEADER))
+    request.state.session = session
+    return session
+
+
+async def _authenticate(request: Request) -> Principal:
     header = request.headers.get("authorization")
+    if header is None and SESSION_COOKIE in request.cookies:
+        return (await _session(request)).principal
+    state: GatewayState = request.app.state.gateway
     await state.auth.refresh()  # a revocation anywhere drops this replica's cache first
     principal = state.auth.cached(header)
     if principal is not None:
@@ -57,3 +88,36 @@ async def dedicated_caller(request: Request) -> Principal:
 
 DedicatedCaller = Annotated[Principal, Depends(dedicated_caller)]
 AnyCaller = Annotated[Principal, Depends(_authenticate)]
+
+
+def session_required() -> PermissionDeniedError:
+    return PermissionDeniedError(
+        "This operation needs a dashboard session; API keys cannot perform it.",
+        code="session_required",
+    )
+
+
+async def session_caller(request: Request) -> Session:
+    """A dashboard session, for the session-only routes
+    (docs/reference/common.md#scopes-and-session-only-routes): an API key is 403
+    ``session_required`` (a bad one 401 first), no credential 401."""
+    if request.headers.get("authorization") is not None:
+        await _authenticate(request)
+        raise session_required()
+    return await _session(request)
+
+
+SessionCaller = Annotated[Session, Depends(session_caller)]
+
+
+async def admin_session(session: SessionCaller) -> Session:
+    """An organization admin's session (403 ``insufficient_permissions`` otherwise)."""
+    if session.org.role != "admin":
+        raise PermissionDeniedError(
+            "Only an organization admin may do this.", code="insufficient_permissions"
+        )
+    return session
+
+
+AdminSession = Annotated[Session, Depends(admin_session)]
+Dashboard = Annotated[DashboardServices, Depends(dashboard_services)]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from serve_app.adapters.service import AdapterService
+from serve_app.auth.dashboard import DashboardSessions
 from serve_app.auth.principal import Principal
 from serve_app.batches.service import BatchService
 from serve_app.batches.worker import BatchWorker
@@ -42,6 +43,13 @@ class Authenticator(Protocol):
 
 
 @dataclass
+class DashboardServices:
+    """The session-only API's services (docs/reference/dashboard-api.md)."""
+
+    sessions: DashboardSessions
+
+
+@dataclass
 class GatewayState:
     catalog: Catalog
     auth: Authenticator
@@ -59,3 +67,4 @@ class GatewayState:
     batches: BatchService
     batch_worker: BatchWorker | None = None  # None when args.batches.enabled is false
     dedicated: Dedicated | None = None  # None when args.dedicated.enabled is false
+    dashboard: DashboardServices | None = None  # None: no sessions (API keys only)

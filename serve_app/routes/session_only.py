@@ -1,17 +1,19 @@
-"""Dashboard operations that need a browser session
+"""The other spellings of the session-only areas
 (docs/reference/common.md#scopes-and-session-only-routes).
 
-Credential, organization, billing and admin operations are session-only. The
-gateway has no session login yet, so an API key reaching them gets 403
-``session_required`` and a request with no key gets 401; nothing else happens.
+Credential, organization, billing and admin operations are session-only. Their routes
+are ``serve_app.routes.dashboard`` and ``serve_app.routes.session``; any other path in
+those areas, under any usual spelling, answers as they would to the credential sent: an
+API key gets 403 ``session_required``, no credential 401, and a dashboard session 404
+(no such route).
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
-from serve_app.ingress.deps import AnyCaller
-from serve_app.protocol.errors import PermissionDeniedError
+from serve_app.ingress.deps import SessionCaller
+from serve_app.protocol.errors import NotFoundError
 
 router = APIRouter(prefix="/api", tags=["dashboard (session only)"])
 
@@ -35,11 +37,8 @@ SESSION_ONLY_AREAS = (
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
-async def session_only(caller: AnyCaller) -> None:
-    raise PermissionDeniedError(
-        "This operation needs a dashboard session; API keys cannot perform it.",
-        code="session_required",
-    )
+async def session_only(session: SessionCaller, request: Request) -> None:
+    raise NotFoundError(f"No route {request.url.path}.", code="unknown_route")
 
 
 for _area in SESSION_ONLY_AREAS:

@@ -407,6 +407,53 @@ def _v8_adapters(conn: Connection) -> None:
     md.create_all(conn)
 
 
+def _v9_dashboard_sessions(conn: Connection) -> None:
+    """Dashboard sign-in: passwords, sessions, one-time links; named keys with an expiry;
+    the tool switches an org admin turns on for every member."""
+    md = sa.MetaData()
+    ts = sa.DateTime(timezone=True)
+    text = sa.Text
+
+    def owner(table: str, nullable: bool = False) -> sa.Column[str]:
+        target = sa.ForeignKey(f"{table}s.id", ondelete="CASCADE")
+        return sa.Column(f"{table}_id", text, target, nullable=nullable)
+
+    # Reflected stand-ins so the foreign keys resolve inside this migration's metadata.
+    sa.Table("users", md, sa.Column("id", text, primary_key=True))
+    sa.Table("orgs", md, sa.Column("id", text, primary_key=True))
+    sa.Table(
+        "dashboard_sessions",
+        md,
+        sa.Column("id", text, primary_key=True),
+        sa.Column("token_hash", text, nullable=False),
+        owner("user"),
+        owner("org"),
+        sa.Column("csrf_token", text, nullable=False),
+        sa.Column("created_at", ts, nullable=False),
+        sa.Column("expires_at", ts, nullable=False),
+        sa.Column("ended_at", ts, nullable=True),
+        sa.Index("ix_dashboard_sessions_token", "token_hash", unique=True),
+        sa.Index("ix_dashboard_sessions_user", "user_id"),
+    )
+    sa.Table(
+        "login_tokens",
+        md,
+        sa.Column("token_hash", text, primary_key=True),
+        owner("user"),
+        owner("org", nullable=True),
+        sa.Column("created_at", ts, nullable=False),
+        sa.Column("expires_at", ts, nullable=False),
+        sa.Column("used_at", ts, nullable=True),
+    )
+    md.create_all(conn, tables=[md.tables["dashboard_sessions"], md.tables["login_tokens"]])
+    timestamp = "TIMESTAMP WITH TIME ZONE" if conn.dialect.name == "postgresql" else "DATETIME"
+    for column in ("name TEXT", f"expires_at {timestamp}", f"last_used_at {timestamp}"):
+        conn.execute(sa.text(f"ALTER TABLE api_keys ADD COLUMN {column}"))
+    conn.execute(sa.text("ALTER TABLE users ADD COLUMN password_hash TEXT"))
+    for flag in ("web_search_enabled", "web_fetch_enabled", "code_interpreter_enabled"):
+        conn.execute(sa.text(f"ALTER TABLE orgs ADD COLUMN {flag} BOOLEAN NOT NULL DEFAULT false"))
+
+
 # ---- The ordered history. Append new migrations at the end. ----------------
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "accounts", _v1_accounts),
@@ -417,6 +464,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "dedicated_rate_cards", _v6_dedicated_rate_cards),
     Migration(7, "batches", _v7_batches),
     Migration(8, "adapters", _v8_adapters),
+    Migration(9, "dashboard_sessions", _v9_dashboard_sessions),
 )
 
 

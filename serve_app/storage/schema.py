@@ -37,6 +37,11 @@ orgs = sa.Table(
     sa.Column("external_providers_enabled", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("internal", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    # Added by migration "dashboard_sessions": tools an org admin switches on for every member
+    # (a member has a tool when their user flag or their org's flag is on).
+    sa.Column("web_search_enabled", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("web_fetch_enabled", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("code_interpreter_enabled", sa.Boolean, nullable=False, server_default=sa.false()),
 )
 
 users = sa.Table(
@@ -52,6 +57,8 @@ users = sa.Table(
     sa.Column("web_fetch_enabled", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("code_interpreter_enabled", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    # Added by migration "dashboard_sessions": the argon2 hash of a dashboard password.
+    sa.Column("password_hash", sa.Text, nullable=True),
 )
 
 memberships = sa.Table(
@@ -78,8 +85,44 @@ api_keys = sa.Table(
     sa.Column("tpm", sa.Integer, nullable=True),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
+    # Added by migration "dashboard_sessions": a name, an optional expiry, the last use
+    # (refreshed at most once a minute per key and replica: when the auth cache misses).
+    sa.Column("name", sa.Text, nullable=True),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("last_used_at", sa.DateTime(timezone=True), nullable=True),
     sa.Index("ix_api_keys_key_hash", "key_hash", unique=True),
     sa.Index("ix_api_keys_user_id", "user_id"),
+)
+
+# Dashboard sessions (serve_app.auth.sessions): only the SHA-256 of the cookie's token is
+# stored, so a leaked table opens no session. Every replica reads the row on every request:
+# a sign-out, a password change or a member's removal ends the session everywhere at once.
+dashboard_sessions = sa.Table(
+    "dashboard_sessions",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("token_hash", sa.Text, nullable=False),
+    sa.Column("user_id", sa.Text, sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("org_id", sa.Text, sa.ForeignKey("orgs.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("csrf_token", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    # Set at sign-out, password change, removal: the row stays while batches it made run.
+    sa.Column("ended_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Index("ix_dashboard_sessions_token", "token_hash", unique=True),
+    sa.Index("ix_dashboard_sessions_user", "user_id"),
+)
+
+# One-time sign-in links printed by `gateway users login-link` (hashed, single use, short).
+login_tokens = sa.Table(
+    "login_tokens",
+    metadata,
+    sa.Column("token_hash", sa.Text, primary_key=True),
+    sa.Column("user_id", sa.Text, sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("org_id", sa.Text, sa.ForeignKey("orgs.id", ondelete="CASCADE"), nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("used_at", sa.DateTime(timezone=True), nullable=True),
 )
 
 # One row per billed request (serve_app.billing). request_id is the idempotency

@@ -4,8 +4,10 @@ verified-key cache."""
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime, timedelta
 
 import pytest
+import sqlalchemy as sa
 
 from serve_app.auth.accounts import AccountStore, StoredKey
 from serve_app.auth.keys import generate_key
@@ -13,6 +15,7 @@ from serve_app.auth.service import AuthService
 from serve_app.protocol.errors import AuthenticationError, PermissionDeniedError
 from serve_app.settings import GatewaySettings
 from serve_app.storage.db import Database
+from serve_app.storage.schema import api_keys
 
 
 class FakeClock:
@@ -36,6 +39,9 @@ class CountingStore:
     def find_key(self, key_hash: str) -> StoredKey | None:
         self.lookups += 1
         return self._store.find_key(key_hash)
+
+    def touch_key(self, key_id: str) -> None:
+        self._store.touch_key(key_id)
 
 
 def make_auth(
@@ -155,13 +161,38 @@ def test_scope_outside_the_grant_is_403(account_store: AccountStore) -> None:
     assert "dedicated" not in caught.value.message and "inference" not in caught.value.message
 
 
-def test_session_only_operations_refuse_api_keys(account_store: AccountStore) -> None:
-    raw = account_store.create_key("alice", "acme", role="admin")
-    principal = make_auth(account_store, 1.0, FakeClock()).authenticate(f"Bearer {raw}")
-    with pytest.raises(PermissionDeniedError) as caught:
-        AuthService.require_session(principal)
-    assert caught.value.status_code == 403
-    assert caught.value.code == "session_required"
+def test_an_expired_key_is_refused_even_when_cached(account_store: AccountStore) -> None:
+    expires = datetime.now(UTC) + timedelta(seconds=100)
+    raw = account_store.create_key("alice", "acme", expires_at=expires)
+    wall = [expires.timestamp() - 10]
+    settings = GatewaySettings(auth_cache_seconds=60)
+    auth = AuthService(account_store, settings, clock=FakeClock(), wall_clock=lambda: wall[0])
+    header = f"Bearer {raw}"
+    assert auth.authenticate(header).key_expires_at == pytest.approx(expires.timestamp())
+    assert auth.cached(header) is not None
+    wall[0] = expires.timestamp()
+    assert auth.cached(header) is None
+    assert "expired" in refused(auth, header).message
+    assert account_store.principal_for_key_id(auth_key_id(account_store, raw)) is not None
+    past = account_store.create_key("alice", "acme", expires_at=datetime.now(UTC))
+    assert account_store.principal_for_key_id(auth_key_id(account_store, past)) is None
+
+
+def auth_key_id(store: AccountStore, raw: str) -> str:
+    stored = store.find_key(store.hash(raw))
+    assert stored is not None
+    return stored.key_id
+
+
+def test_authentication_records_the_last_use(account_store: AccountStore) -> None:
+    raw = account_store.create_key("alice", "acme")
+    auth = make_auth(account_store, 0, FakeClock())
+    with account_store.database.connect() as conn:
+        before = conn.execute(sa.select(api_keys.c.last_used_at)).scalar()
+    auth.authenticate(f"Bearer {raw}")
+    with account_store.database.connect() as conn:
+        after = conn.execute(sa.select(api_keys.c.last_used_at)).scalar()
+    assert before is None and after is not None
 
 
 def test_cached_fast_path_never_touches_the_database(account_store: AccountStore) -> None:
