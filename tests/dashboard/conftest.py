@@ -13,17 +13,24 @@ docs/dashboard/<page>.png (docs/dashboard.md shows them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import uvicorn
 from playwright.sync_api import Browser, BrowserType, Playwright, sync_playwright
 
-from tests.fixtures.gateway import GatewayHarness, add_keys, build_harness, start_heads
+from serve_app.auth.accounts import AccountStore
+from serve_app.auth.sessions import SessionStore
+from serve_app.billing.ledger import UsageLedger
+from tests.fixtures.dashboard import PASSWORD
+from tests.fixtures.gateway import add_keys, build_harness, start_heads
+from tests.unit.dedicated.conftest import DedicatedHarness
+from tests.unit.dedicated.conftest import build as build_dedicated
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -65,7 +72,8 @@ def browser_context_args() -> dict[str, Any]:
 
 @dataclass
 class LiveGateway:
-    harness: GatewayHarness
+    app: Any
+    store: AccountStore
     url: str
     loop: asyncio.AbstractEventLoop
 
@@ -73,28 +81,40 @@ class LiveGateway:
         """Run a coroutine on the server's loop (where the app's ledger and heads live)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def flush_ledger(self) -> None:
-        """Commit the spooled usage records, as the ledger's flusher does each second."""
-        ledger = self.harness.metering.ledger
+    def ledger(self) -> UsageLedger:
+        """The app's usage ledger, its spooled records committed first (as its flusher
+        does each second)."""
+        ledger = self.app.state.gateway.text.metering.ledger
         assert ledger is not None
         self.run(ledger.flush())
+        return cast(UsageLedger, ledger)
+
+    def user(self, name: str, org: str, role: str) -> str:
+        """A member of ``org`` with ``role`` who signs in with ``PASSWORD``; their id."""
+        self.store.set_membership(name, org, role)
+        sessions: SessionStore = self.app.state.gateway.dashboard.sessions.store
+        return sessions.set_password(name, PASSWORD)
 
 
-@pytest.fixture
-def live_gateway(tmp_path: Path) -> Iterator[LiveGateway]:
-    harness = build_harness(tmp_path / "gw.db")
-    add_keys(harness)
-    config = uvicorn.Config(harness.app, host="127.0.0.1", port=0, log_level="warning")
+@contextlib.contextmanager
+def serving(
+    app: Any,
+    store: AccountStore,
+    start: Callable[[], Awaitable[None]],
+    stop: Callable[[], Awaitable[None]],
+) -> Iterator[LiveGateway]:
+    """``app`` on a free local port, in a thread with its own event loop."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
     server = uvicorn.Server(config)
     loops: list[asyncio.AbstractEventLoop] = []
 
     async def serve() -> None:
         loops.append(asyncio.get_running_loop())
-        await start_heads(harness)
+        await start()
         try:
             await server.serve()
         finally:
-            await harness.aclose()
+            await stop()
 
     thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
     thread.start()
@@ -104,6 +124,34 @@ def live_gateway(tmp_path: Path) -> Iterator[LiveGateway]:
         threading.Event().wait(0.05)
     assert server.started, "the gateway did not start serving"
     port = server.servers[0].sockets[0].getsockname()[1]
-    yield LiveGateway(harness, f"http://127.0.0.1:{port}", loops[0])
-    server.should_exit = True
-    thread.join(timeout=30)
+    try:
+        yield LiveGateway(app, store, f"http://127.0.0.1:{port}", loops[0])
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture
+def live_gateway(tmp_path: Path) -> Iterator[LiveGateway]:
+    """The scripted gateway (tests/fixtures/gateway.py) with its usual keys."""
+    harness = build_harness(tmp_path / "gw.db")
+    add_keys(harness)
+    with serving(harness.app, harness.store, lambda: start_heads(harness), harness.aclose) as live:
+        yield live
+
+
+@pytest.fixture
+def live_dedicated(tmp_path: Path) -> Iterator[tuple[LiveGateway, DedicatedHarness]]:
+    """The gateway with dedicated endpoints on a fake Serve backend
+    (tests/unit/dedicated/conftest.py)."""
+    harness = build_dedicated(tmp_path)
+
+    async def start() -> None:
+        return None
+
+    async def stop() -> None:
+        await harness.dedicated.router.stop()
+        await harness.app.state.gateway.text.metering.aclose()
+
+    with serving(harness.app, harness.store, start, stop) as live:
+        yield live, harness

@@ -15,8 +15,18 @@ GW.start(async () => {
   const models = await GW.api("GET", "/v1/models");
   const chat = models.data.filter((m) => m.architecture.output_modalities.includes("text")
     && !(m.pooling));
-  document.getElementById("play-model").replaceChildren(
-    ...chat.map((m) => el("option", { value: m.id }, m.id)));
+  const modelSelect = document.getElementById("play-model");
+  modelSelect.replaceChildren(...chat.map((m) => el("option", { value: m.id }, m.id)));
+  // Max tokens follows the model's own bound, so the first send is not refused for it.
+  const maxInput = document.getElementById("play-max");
+  function fitMaxTokens() {
+    const card = chat.find((m) => m.id === modelSelect.value);
+    const bound = card && card.max_output_tokens;
+    maxInput.max = bound || "";
+    maxInput.value = String(Math.min(256, bound || 256));
+  }
+  modelSelect.addEventListener("change", fitMaxTokens);
+  fitMaxTokens();
 
   function bubble(role, text) {
     const body = el("div", { class: "text" }, text);

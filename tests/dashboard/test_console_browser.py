@@ -1,0 +1,232 @@
+"""Running an organization from the console in chromium: keys, usage, members, sessions.
+
+Each test signs in through the sign-in page, so the session cookie, the CSRF token and
+the pages' scripts are the ones a person's browser gets.
+"""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.dashboard.browser import PageWatch, screenshot, sign_in
+from tests.dashboard.conftest import LiveGateway
+from tests.fixtures.dashboard import PASSWORD
+from tests.unit.dedicated.conftest import DedicatedHarness
+
+CHAT = {"model": "scripted-chat", "messages": [{"role": "user", "content": "hello"}]}
+
+
+def _user(live: LiveGateway, name: str, role: str) -> str:
+    return live.user(name, "acme", role)
+
+
+def _create_key(page: Page, name: str) -> str:
+    page.get_by_label("Name").fill(name)
+    page.get_by_role("button", name="Create key").click()
+    secret = page.locator("#key-secret-value")
+    expect(secret).not_to_be_empty()
+    return secret.inner_text()
+
+
+def _sdk(live: LiveGateway, key: str) -> openai.OpenAI:
+    return openai.OpenAI(api_key=key, base_url=f"{live.url}/v1", max_retries=0)
+
+
+def test_a_key_made_in_the_page_works_until_revoked_there(
+    page: Page, live_gateway: LiveGateway
+) -> None:
+    _user(live_gateway, "erin", "admin")
+    watch = PageWatch(live_gateway.url)
+    watch.attach(page)
+    sign_in(page, live_gateway.url, "erin", PASSWORD)
+    secret = _create_key(page, "ci key")
+    row = page.locator("#keys-table tbody tr", has_text="ci key")
+    expect(row).to_contain_text("active")
+    assert secret not in page.locator("#keys-table").inner_text()  # listed without it
+    answer = _sdk(live_gateway, secret).chat.completions.create(**CHAT)  # type: ignore[call-overload]
+    assert answer.choices[0].message.content
+    screenshot(page, "keys")
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.get_by_role("button", name="Revoke key ci key").click()
+    expect(row).to_contain_text("revoked")
+    with pytest.raises(openai.AuthenticationError) as refused:
+        _sdk(live_gateway, secret).chat.completions.create(**CHAT)  # type: ignore[call-overload]
+    assert refused.value.status_code == 401
+    watch.assert_clean()
+
+
+def test_the_usage_page_shows_the_ledgers_tokens(page: Page, live_gateway: LiveGateway) -> None:
+    user_id = _user(live_gateway, "erin", "admin")
+    sign_in(page, live_gateway.url, "erin", PASSWORD)
+    secret = _create_key(page, "usage key")
+    answer = _sdk(live_gateway, secret).chat.completions.create(**CHAT)  # type: ignore[call-overload]
+    records = live_gateway.ledger().store.records_for(user_id)
+    ledger_tokens = sum(r.prompt_tokens + r.completion_tokens for r in records)
+    assert answer.usage is not None and ledger_tokens == answer.usage.total_tokens
+
+    page.goto(f"{live_gateway.url}/dashboard/usage")
+    row = page.locator('#usage-table tbody tr[data-group="scripted-chat"]')
+    expect(row).to_be_visible()
+    cells = row.locator("td").all_inner_texts()
+    prompt, completion, total = (int(c.replace(",", "")) for c in cells[1:4])
+    assert (prompt, completion, total) == (
+        sum(r.prompt_tokens for r in records),
+        sum(r.completion_tokens for r in records),
+        ledger_tokens,
+    )
+    expect(page.locator("#usage-chart svg rect.bar")).to_have_count(30)
+    csv = page.get_by_role("link", name="Export CSV").get_attribute("href")
+    assert csv is not None and csv.startswith("/api/billing/usage.csv?")
+    screenshot(page, "usage")
+
+
+def _status_of(page: Page, method: str, path: str, body: object, csrf: bool = True) -> int:
+    """The status a script of the page gets for a call with the session cookie."""
+    script = """async ([method, path, body, csrf]) => {
+        const headers = {"Content-Type": "application/json"};
+        if (csrf) headers["X-CSRF-Token"] = GW.session.csrf_token;
+        const r = await fetch(path, {method, headers, body: JSON.stringify(body)});
+        return r.status;
+    }"""
+    status: int = page.evaluate(script, [method, path, body, csrf])
+    return status
+
+
+def test_a_member_cannot_reach_admin_pages_or_their_api(
+    page: Page, live_gateway: LiveGateway
+) -> None:
+    _user(live_gateway, "mallory", "member")
+    sign_in(page, live_gateway.url, "mallory", PASSWORD)
+    nav = page.get_by_role("navigation")
+    expect(nav.get_by_role("link", name="API keys")).to_be_visible()
+    expect(nav.get_by_role("link", name="Members and flags")).to_have_count(0)
+    answer = page.goto(f"{live_gateway.url}/dashboard/members")
+    assert answer is not None and answer.status == 403
+    expect(page.locator("#flags-form")).to_have_count(0)
+    flag = {"web_search_enabled": True}
+    assert _status_of(page, "PATCH", "/api/orgs/current", flag) == 403
+    member = {"username": "mallory2", "role": "admin", "password": PASSWORD}
+    assert _status_of(page, "POST", "/api/orgs/current/members", member) == 403
+    org = live_gateway.store.get_org("acme")
+    assert org is not None and not org.web_search_enabled
+
+
+def test_a_write_without_the_csrf_token_is_refused(page: Page, live_gateway: LiveGateway) -> None:
+    _user(live_gateway, "erin", "admin")
+    sign_in(page, live_gateway.url, "erin", PASSWORD)
+    # The page's own origin, the cookie sent, the header missing.
+    assert _status_of(page, "POST", "/api/keys", {"name": "no token"}, csrf=False) == 403
+    # Another site's form (about:blank is no origin of the gateway) posting to the API.
+    form = (
+        f'<form method="post" action="{live_gateway.url}/api/keys" enctype="text/plain">'
+        '<input name=\'{"name": "forged", "x": "\' value=\'"}\'>'
+        "<button>go</button></form>"
+    )
+    page.goto("about:blank")
+    page.set_content(form)
+    with page.expect_navigation() as posted:
+        page.get_by_role("button", name="go").click()
+    answer = posted.value
+    assert answer is not None and answer.status in (401, 403)
+    page.goto(f"{live_gateway.url}/dashboard/keys")
+    names = page.locator("#keys-table tbody").inner_text()
+    assert "forged" not in names and "no token" not in names
+
+
+def test_sign_out_ends_the_session(page: Page, live_gateway: LiveGateway) -> None:
+    _user(live_gateway, "erin", "admin")
+    sign_in(page, live_gateway.url, "erin", PASSWORD)
+    cookie = next(c for c in page.context.cookies() if c["name"] == "gw_session")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Lax"
+    page.get_by_role("button", name="Sign out").click()
+    expect(page).to_have_url(f"{live_gateway.url}/dashboard/login")
+    # The old cookie, replayed, is no session any more: it ended on the server.
+    old = httpx.get(f"{live_gateway.url}/api/session", cookies={"gw_session": cookie["value"]})
+    assert old.status_code == 401
+    page.goto(f"{live_gateway.url}/dashboard/keys")
+    expect(page).to_have_url(f"{live_gateway.url}/dashboard/login?next=/dashboard/keys")
+
+
+def test_the_playground_streams_an_answer(page: Page, live_gateway: LiveGateway) -> None:
+    _user(live_gateway, "erin", "admin")
+    sign_in(page, live_gateway.url, "erin", PASSWORD)
+    streamed: list[bool] = []
+    page.on(
+        "response",
+        lambda r: (
+            streamed.append("text/event-stream" in r.headers.get("content-type", ""))
+            if r.url.endswith("/v1/chat/completions")
+            else None
+        ),
+    )
+    page.goto(f"{live_gateway.url}/dashboard/playground")
+    page.get_by_label("Model").select_option("scripted-chat")
+    page.get_by_label("Message").fill("Say something")
+    page.get_by_label("Message").press("Control+Enter")
+    answer = page.locator(".msg.assistant .text")
+    expect(answer).not_to_be_empty()
+    expect(page.locator("#play-usage")).to_contain_text("completion tokens")
+    assert streamed == [True]
+    screenshot(page, "playground")
+
+
+@pytest.mark.parametrize("slug", ["keys", "usage", "members", "batches", "adapters"])
+def test_every_page_loads_its_data_cleanly(
+    page: Page, live_gateway: LiveGateway, slug: str
+) -> None:
+    """No script error, no API error shown, nothing fetched from outside the gateway."""
+    _user(live_gateway, "erin", "admin")
+    watch = PageWatch(live_gateway.url)
+    watch.attach(page)
+    sign_in(page, live_gateway.url, "erin", PASSWORD)
+    page.goto(f"{live_gateway.url}/dashboard/{slug}")
+    page.wait_for_load_state("networkidle")
+    expect(page.get_by_role("alert")).to_be_hidden()
+    expect(page.get_by_role("link", name="Sign out")).to_have_count(0)  # it is a button
+    page.keyboard.press("Tab")  # the first stop is the skip link, for keyboard users
+    assert page.evaluate("document.activeElement.textContent") == "Skip to content"
+    if slug not in ("keys", "usage"):  # those two are taken with data, above
+        screenshot(page, slug)
+    watch.assert_clean()
+
+
+def test_a_dedicated_endpoint_from_create_to_delete(
+    page: Page, live_dedicated: tuple[LiveGateway, DedicatedHarness]
+) -> None:
+    live, harness = live_dedicated
+    live.user("erin", "acme", "admin")
+    watch = PageWatch(live.url)
+    watch.attach(page)
+    sign_in(page, live.url, "erin", PASSWORD)
+    page.goto(f"{live.url}/dashboard/dedicated")
+    expect(page.locator("#rates-table")).to_contain_text("l4")
+    page.get_by_label("Model").select_option("ded-chat")
+    page.get_by_label("Alias").fill("my-endpoint")
+    page.get_by_label("Max replicas", exact=True).fill("2")
+    page.get_by_role("button", name="Create endpoint").click()
+    card = page.locator("article", has_text="ded/my-endpoint")
+    expect(card).to_contain_text("provisioning")
+    harness.converge(boot=True)
+    page.reload()
+    expect(card).to_contain_text("0–2")
+
+    card.locator("summary", has_text="Scale").click()
+    card.get_by_label("Max replicas").fill("3")
+    card.get_by_role("button", name="Scale").click()
+    expect(card).to_contain_text("0–3")
+    card.locator("summary", has_text="Change mode").click()
+    card.get_by_label("New mode").select_option("reserved")
+    card.get_by_role("button", name="Preview change").click()
+    expect(card.locator(".preview")).to_contain_text("spot → reserved")
+    screenshot(page, "dedicated")
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    card.get_by_role("button", name="Delete ded/my-endpoint").click()
+    expect(card).to_have_count(0)
+    org = live.store.get_org("acme")
+    assert org is not None and harness.dedicated.store.list_org(org.id) == []
+    watch.assert_clean()
