@@ -32,11 +32,14 @@ from serve_app.adapters.store import AdapterStore
 from serve_app.auth.accounts import AccountStore
 from serve_app.auth.dashboard import DashboardSessions
 from serve_app.auth.epoch import EpochWatch
+from serve_app.auth.key_admin import KeyAdmin
+from serve_app.auth.members import MemberAdmin
 from serve_app.auth.service import AuthService
 from serve_app.auth.sessions import SessionStore
 from serve_app.batches.service import BatchService
 from serve_app.batches.store import BatchStore
 from serve_app.batches.worker import BatchWorker
+from serve_app.billing.reports import UsageReports
 from serve_app.catalog.catalog import Catalog
 from serve_app.config import GatewayAppArgs
 from serve_app.dedicated.api.facade import Dedicated, build_dedicated
@@ -71,7 +74,7 @@ from serve_app.ingress.replays import build_replay_store
 from serve_app.ingress.state import DashboardServices, GatewayState
 from serve_app.jobs.store import JobStore
 from serve_app.limits.buckets import CounterStore
-from serve_app.limits.limiter import build_counter_store
+from serve_app.limits.limiter import PlatformLimits, build_counter_store
 from serve_app.metrics import GatewayMetrics
 from serve_app.settings import GatewaySettings, get_settings, require_production_ready
 from serve_app.storage.db import Database
@@ -108,8 +111,7 @@ def build_state(
     when ``GATEWAY_REDIS_URL`` is set, else in-process) and the metrics backend;
     ``objects`` the object store of generated videos and files (default: from settings);
     ``sandbox`` the code sandbox (default: bubblewrap in this process);
-    ``clock`` the dedicated subsystem's and the batches' (tests drive a manual one).
-    """
+    ``clock`` the dedicated subsystem's and the batches' (tests drive a manual one)."""
     dedicated = _dedicated(config, database, settings, dedicated_backend, clock)
     router = dedicated.router if dedicated is not None else None
     catalog = Catalog(
@@ -219,8 +221,17 @@ def _dashboard(
     counters = build_counter_store(
         settings.redis_url, window_s=60.0, prefix=f"{config.limits.redis_prefix}:login"
     )
+    sessions = session_store(database, settings)
+    accounts = AccountStore(database, pepper=settings.key_pepper)
+    limits = config.limits
     return DashboardServices(
-        sessions=DashboardSessions(session_store(database, settings), counters),
+        sessions=DashboardSessions(sessions, counters),
+        keys=KeyAdmin(accounts),
+        members=MemberAdmin(accounts, sessions),
+        usage=UsageReports(database),
+        platform_limits=PlatformLimits(
+            rpm=limits.rpm, tpm=limits.tpm, daily_tokens=limits.daily_tokens
+        ),
     )
 
 

@@ -18,7 +18,7 @@ import logging
 import re
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -181,6 +181,11 @@ class AccountStore:
     @property
     def database(self) -> Database:
         return self._db
+
+    def write(self) -> AbstractContextManager[Connection]:
+        """A transaction for account writes made elsewhere (``serve_app.auth.members``):
+        it bumps the accounts generation, so every replica drops its auth cache."""
+        return self._account_write()
 
     def hash(self, raw_key: str) -> str:
         """The stored form of a raw key under this store's pepper."""

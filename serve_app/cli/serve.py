@@ -30,6 +30,7 @@ from serve_app.cli import ingress, loopback
 from serve_app.cli.errors import CommandError
 from serve_app.cli.serve_config import load_serve_config
 from serve_app.config import GatewayAppArgs
+from serve_app.ray_dashboard import DASHBOARD_URL_ENV, token_hint
 from serve_app.settings import GatewaySettings
 
 _SubParsers = Any
@@ -284,8 +285,12 @@ def _run(args: argparse.Namespace, settings: GatewaySettings) -> int:
         _serve_checked(serve_config, args, check)
         _step(f"gateway ready on http://{args.host}:{args.port}/v1 (Ctrl-C stops)")
         if args.dashboard:
-            _step(f"Ray dashboard on http://127.0.0.1:{args.dashboard_port}")
+            _step(f"Ray dashboard on http://127.0.0.1:{args.dashboard_port}. {token_hint()}")
         _step("mint a key with: .venv/bin/gateway keys create --user me --org me")
+        _step(
+            f"sign in to http://{args.host}:{args.port}/dashboard: .venv/bin/gateway users "
+            "set-password me (or: gateway users login-link me)"
+        )
         watch = HeadWatch(serve_config)
         while not stop.wait(HEAD_WATCH_S):
             watch.report()
@@ -404,6 +409,8 @@ def _start_ray(args: argparse.Namespace) -> None:
     import ray
 
     cpus = int(args.num_cpus or default_num_cpus(os.cpu_count() or 2))
+    # The replicas answer GET /api/admin/ray-dashboard with this URL.
+    os.environ.setdefault(DASHBOARD_URL_ENV, f"http://127.0.0.1:{args.dashboard_port}")
     for name, value in {**RAY_ENV_DEFAULTS, **ingress.ray_env(args.ingress, args.port)}.items():
         os.environ.setdefault(name, value)  # before ray.init: Ray's processes inherit it
     _step(

@@ -27,6 +27,7 @@ from serve_app.routes import (
     batches,
     chat,
     completions,
+    dashboard,
     dedicated,
     document,
     embeddings,
@@ -69,6 +70,7 @@ def api_routes() -> tuple[BaseRoute, ...]:
         dedicated,
         adapters,
         session,
+        dashboard,
         session_only,
         dashboard_pages,
     ):

@@ -12,9 +12,12 @@ from typing import Protocol
 
 from serve_app.adapters.service import AdapterService
 from serve_app.auth.dashboard import DashboardSessions
+from serve_app.auth.key_admin import KeyAdmin
+from serve_app.auth.members import MemberAdmin
 from serve_app.auth.principal import Principal
 from serve_app.batches.service import BatchService
 from serve_app.batches.worker import BatchWorker
+from serve_app.billing.reports import UsageReports
 from serve_app.catalog.catalog import Catalog
 from serve_app.dedicated.api.facade import Dedicated
 from serve_app.files.service import FileService
@@ -26,6 +29,7 @@ from serve_app.inference.embeddings.service import EmbeddingService
 from serve_app.inference.responses.service import ResponsesService
 from serve_app.inference.video.service import VideoService
 from serve_app.ingress.replays import ReplayStore
+from serve_app.limits.limiter import PlatformLimits
 
 
 class Authenticator(Protocol):
@@ -47,6 +51,11 @@ class DashboardServices:
     """The session-only API's services (docs/reference/dashboard-api.md)."""
 
     sessions: DashboardSessions
+    keys: KeyAdmin
+    members: MemberAdmin
+    usage: UsageReports
+    platform_limits: PlatformLimits
+    """The defaults a user without their own limits gets (``billing/quotas``)."""
 
 
 @dataclass
