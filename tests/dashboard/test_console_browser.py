@@ -107,12 +107,16 @@ def test_a_member_cannot_reach_admin_pages_or_their_api(
     answer = page.goto(f"{live_gateway.url}/dashboard/members")
     assert answer is not None and answer.status == 403
     expect(page.locator("#flags-form")).to_have_count(0)
-    flag = {"web_search_enabled": True}
+    flag = {"external_providers_enabled": True}
     assert _status_of(page, "PATCH", "/api/orgs/current", flag) == 403
     member = {"username": "mallory2", "role": "admin", "password": PASSWORD}
     assert _status_of(page, "POST", "/api/orgs/current/members", member) == 403
     org = live_gateway.store.get_org("acme")
-    assert org is not None and not org.web_search_enabled
+    assert org is not None and not org.external_providers_enabled
+    assert live_gateway.store.get_user("mallory2") is None
+    # The header still works on the refused page.
+    page.get_by_role("button", name="Sign out").click()
+    expect(page).to_have_url(f"{live_gateway.url}/dashboard/login")
 
 
 def test_a_write_without_the_csrf_token_is_refused(page: Page, live_gateway: LiveGateway) -> None:
@@ -189,7 +193,7 @@ def test_every_page_loads_its_data_cleanly(
     expect(page.get_by_role("link", name="Sign out")).to_have_count(0)  # it is a button
     page.keyboard.press("Tab")  # the first stop is the skip link, for keyboard users
     assert page.evaluate("document.activeElement.textContent") == "Skip to content"
-    if slug not in ("keys", "usage"):  # those two are taken with data, above
+    if slug not in ("keys", "usage", "members"):  # taken with data by the tests above
         screenshot(page, slug)
     watch.assert_clean()
 
@@ -230,3 +234,23 @@ def test_a_dedicated_endpoint_from_create_to_delete(
     org = live.store.get_org("acme")
     assert org is not None and harness.dedicated.store.list_org(org.id) == []
     watch.assert_clean()
+
+
+def test_an_admin_sets_flags_and_adds_a_member(page: Page, live_gateway: LiveGateway) -> None:
+    live_gateway.user("erin", "acme", "admin")
+    sign_in(page, live_gateway.url, "erin", PASSWORD)
+    page.goto(f"{live_gateway.url}/dashboard/members")
+    page.get_by_label("External providers").check()
+    page.get_by_role("button", name="Save flags").click()
+    expect(page.get_by_role("alert")).to_have_text("Flags saved.")
+    org = live_gateway.store.get_org("acme")
+    assert org is not None and org.external_providers_enabled
+
+    page.get_by_label("Username").fill("frank")
+    page.get_by_label("Password (a new user only)").fill(PASSWORD)
+    page.get_by_role("button", name="Add member").click()
+    row = page.locator("#members-table tbody tr", has_text="frank")
+    expect(row.get_by_label("Role of frank", exact=True)).to_have_value("member")
+    screenshot(page, "members")
+    page.get_by_role("button", name="Sign out").click()
+    sign_in(page, live_gateway.url, "frank", PASSWORD)  # the new member signs in
