@@ -225,7 +225,11 @@ def test_a_dedicated_endpoint_from_create_to_delete(
     card.locator("summary", has_text="Change mode").click()
     card.get_by_label("New mode").select_option("reserved")
     card.get_by_role("button", name="Preview change").click()
-    expect(card.locator(".preview")).to_contain_text("spot → reserved")
+    preview = card.locator(".preview")
+    expect(preview).to_contain_text("spot → reserved")
+    # Still provisioning: the preview says why it cannot be done now, and offers no confirm.
+    expect(preview).to_contain_text("Not possible now: endpoint_busy")
+    expect(card.get_by_role("button", name="Confirm redeploy")).to_be_hidden()
     screenshot(page, "dedicated")
 
     page.once("dialog", lambda dialog: dialog.accept())
@@ -253,4 +257,5 @@ def test_an_admin_sets_flags_and_adds_a_member(page: Page, live_gateway: LiveGat
     expect(row.get_by_label("Role of frank", exact=True)).to_have_value("member")
     screenshot(page, "members")
     page.get_by_role("button", name="Sign out").click()
+    expect(page).to_have_url(f"{live_gateway.url}/dashboard/login")
     sign_in(page, live_gateway.url, "frank", PASSWORD)  # the new member signs in

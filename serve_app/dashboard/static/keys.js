@@ -13,14 +13,16 @@ GW.start(async () => {
 
   function row(key) {
     const state = status(key);
+    const label = key.name || key.prefix;
     const revoke = state === "active"
       ? el("button", {
-        type: "button", class: "danger", "aria-label": `Revoke key ${key.name}`,
+        type: "button", class: "danger", "aria-label": `Revoke key ${label}`,
         onclick: (e) => revokeKey(e.currentTarget, key),
       }, "Revoke")
       : null;
     return el("tr", { "data-key-id": key.id },
-      el("td", {}, key.name), el("td", {}, el("code", {}, key.prefix)),
+      el("td", {}, key.name || el("span", { class: "hint" }, "(no name)")),
+      el("td", {}, el("code", {}, key.prefix)),
       el("td", {}, (key.scopes || []).join(", ")), el("td", {}, key.user_name || key.user_id),
       el("td", {}, GW.when(key.created_at)), el("td", {}, GW.when(key.expires_at)),
       el("td", {}, GW.when(key.last_used_at)), el("td", { class: `status ${state}` }, state),
@@ -33,10 +35,10 @@ GW.start(async () => {
   }
 
   async function revokeKey(button, key) {
-    if (!confirm(`Revoke the key "${key.name}"? Calls with it fail at once.`)) return;
+    if (!confirm(`Revoke the key "${key.name || key.prefix}"? Calls with it fail at once.`)) return;
     await guarded(button, async () => {
       await api("DELETE", `/api/keys/${encodeURIComponent(key.id)}`);
-      GW.showInfo(`Key "${key.name}" revoked.`);
+      GW.showInfo(`Key "${key.name || key.prefix}" revoked.`);
       await load();
     });
   }

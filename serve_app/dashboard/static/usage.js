@@ -62,7 +62,8 @@ GW.start(async () => {
         width: Math.max(1, step * 0.7), height: Math.max(0, h), class: "bar",
       }, svg("title", {}, `${day}: ${label(value)}`));
       chart.append(bar);
-      if (i === 0 || i === points.length - 1 || (points.length > 10 && i % 7 === 0)) {
+      const last = points.length - 1;
+      if (i === last || (i % 7 === 0 && last - i >= 4)) {  // labels that never overlap
         chart.append(svg("text", { x: left + i * step + step / 2, y: height - 6, "text-anchor": "middle", class: "tick" }, day.slice(5)));
       }
     });
