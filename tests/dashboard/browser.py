@@ -3,10 +3,12 @@ save screenshots for docs/dashboard.md."""
 
 from __future__ import annotations
 
+import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from PIL import Image
 from playwright.sync_api import Page, Request, expect
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "dashboard"
@@ -46,4 +48,13 @@ def screenshot(page: Page, name: str) -> None:
     """Save the page when ``GATEWAY_DASHBOARD_SCREENSHOTS`` is set (docs/dashboard.md)."""
     if os.environ.get("GATEWAY_DASHBOARD_SCREENSHOTS"):
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+        shot = Image.open(io.BytesIO(page.screenshot(full_page=True)))
+        # 64 colours are plenty for a console of flat colours, at a third of the bytes.
+        shot.quantize(colors=64).save(SCREENSHOTS / f"{name}.png", optimize=True)
+
+
+def assert_fits_narrow(page: Page, width: int = 360) -> None:
+    """Readable on a narrow window: only tables scroll sideways, never the page."""
+    page.set_viewport_size({"width": width, "height": 740})
+    overflow = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+    assert page.evaluate(overflow) <= 0

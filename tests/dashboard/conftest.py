@@ -27,6 +27,7 @@ from playwright.sync_api import Browser, BrowserType, Playwright, sync_playwrigh
 from serve_app.auth.accounts import AccountStore
 from serve_app.auth.sessions import SessionStore
 from serve_app.billing.ledger import UsageLedger
+from tests.fixtures.adapters import lora_catalog, operator_adapter_dir
 from tests.fixtures.dashboard import PASSWORD
 from tests.fixtures.gateway import add_keys, build_harness, start_heads
 from tests.unit.dedicated.conftest import DedicatedHarness
@@ -136,6 +137,15 @@ def live_gateway(tmp_path: Path) -> Iterator[LiveGateway]:
     """The scripted gateway (tests/fixtures/gateway.py) with its usual keys."""
     harness = build_harness(tmp_path / "gw.db")
     add_keys(harness)
+    with serving(harness.app, harness.store, lambda: start_heads(harness), harness.aclose) as live:
+        yield live
+
+
+@pytest.fixture
+def live_lora(tmp_path: Path) -> Iterator[LiveGateway]:
+    """A scripted gateway whose base model serves LoRA adapters (tests/fixtures/adapters.py)."""
+    catalog = lora_catalog(operator_adapter_dir(tmp_path))
+    harness = build_harness(tmp_path / "gw.db", {"catalog": catalog})
     with serving(harness.app, harness.store, lambda: start_heads(harness), harness.aclose) as live:
         yield live
 
