@@ -1,5 +1,5 @@
 """Signing in to the dashboard: passwords and links, rate limits, CSRF
-(docs/reference/dashboard-api.md#session).
+(docs/reference/dashboard.md#session).
 
 Sign-in attempts are counted before any password is hashed, per user name and per
 client address, in the same counter stores as the API's rate limits

@@ -1,4 +1,4 @@
-"""API keys as the dashboard manages them (docs/reference/dashboard-api.md#keys).
+"""API keys as the dashboard manages them (docs/reference/dashboard.md#keys).
 
 A member sees and revokes only their own keys in the session's organization, an admin
 every key of it; anything else is a 404, as if the key did not exist (another

@@ -1,5 +1,5 @@
 """An organization as its admins run it from the dashboard
-(docs/reference/dashboard-api.md#organization).
+(docs/reference/dashboard.md#organization).
 
 Any member reads the organization (its switches, its members); only its admins change
 it. Every write goes through ``AccountStore.write``, so the accounts generation moves

@@ -1,5 +1,5 @@
 """Dashboard sessions, passwords and one-time sign-in links, in the database
-(docs/reference/dashboard-api.md).
+(docs/reference/dashboard.md).
 
 A session is a row, not a signed cookie: every gateway replica reads it on every
 request, so a sign-out, a password change or a member's removal ends it everywhere at

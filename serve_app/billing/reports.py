@@ -1,5 +1,5 @@
 """Usage and spend from the ledger, as the dashboard shows them
-(docs/reference/dashboard-api.md#billing).
+(docs/reference/dashboard.md#billing).
 
 Figures are sums over ``usage_records`` (the durable ledger; a request appears once its
 spooled record is committed, within the ledger's flush interval) grouped by UTC day,

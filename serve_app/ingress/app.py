@@ -15,6 +15,7 @@ from starlette.routing import BaseRoute
 
 from serve_app.dashboard import pages as dashboard_pages
 from serve_app.ingress.body_limit import BodyLimitMiddleware
+from serve_app.ingress.docs_page import install_docs
 from serve_app.ingress.errors import install_error_handlers
 from serve_app.ingress.idempotency import IdempotencyMiddleware
 from serve_app.ingress.methods import AllowedMethodsMiddleware
@@ -84,6 +85,8 @@ def create_app(
     app = FastAPI(
         title="Inference Gateway",
         version=API_VERSION,
+        docs_url=None,  # served from the package's files instead: install_docs
+        redoc_url=None,
         # A body sent without Content-Type is read as JSON (clients that omit the header
         # get an answer, not "must be a JSON object"); other types are still not JSON.
         strict_content_type=STRICT_CONTENT_TYPE,
@@ -96,6 +99,7 @@ def create_app(
     app.router.routes.extend(api_routes())
     install_error_handlers(app)
     install_openapi(app)
+    install_docs(app)
     # Inner to the body limit: a retry with an Idempotency-Key is answered from the
     # first attempt's stored answer, never generated (or billed) again.
     app.add_middleware(IdempotencyMiddleware, store=state.replays)

@@ -31,6 +31,10 @@ def allowed_methods(router: Router, scope: Scope) -> list[str]:
             match, _ = route.matches(scope)
             if match != Match.NONE:
                 matched.append(route)
+    # The session-only catch-alls (routes/session_only.py) answer any method of their
+    # areas; a path the document declares has only its declared methods.
+    declared = [route for route in matched if getattr(route, "include_in_schema", True)]
+    matched = declared or matched
     literal = [route for route in matched if route.path == path]
     methods = {m for route in (literal or matched) for m in route.methods or ()}
     if not methods:

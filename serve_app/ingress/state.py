@@ -48,7 +48,7 @@ class Authenticator(Protocol):
 
 @dataclass
 class DashboardServices:
-    """The session-only API's services (docs/reference/dashboard-api.md)."""
+    """The session-only API's services (docs/reference/dashboard.md)."""
 
     sessions: DashboardSessions
     keys: KeyAdmin

@@ -1,4 +1,4 @@
-"""Wire formats of the dashboard's session-only API (docs/reference/dashboard-api.md).
+"""Wire formats of the dashboard's session-only API (docs/reference/dashboard.md).
 
 Request bodies refuse unknown fields and coerce nothing (a string is not a number), as
 the rest of the API does; answers are plain models so the OpenAPI document shows them.

@@ -1,5 +1,5 @@
 """The session-only API: keys, the organization, billing, admin
-(docs/reference/dashboard-api.md). Thin: the services are ``serve_app.auth.key_admin``,
+(docs/reference/dashboard.md). Thin: the services are ``serve_app.auth.key_admin``,
 ``serve_app.auth.members`` and ``serve_app.billing.reports``.
 
 Every route takes a dashboard session (``SessionCaller``: an API key is 403

@@ -1,4 +1,4 @@
-"""``/api/session`` and the one-time sign-in link (docs/reference/dashboard-api.md#session).
+"""``/api/session`` and the one-time sign-in link (docs/reference/dashboard.md#session).
 
 Thin: ``DashboardSessions`` signs in and out; this module only sets and clears the
 ``gw_session`` cookie (``HttpOnly``, ``SameSite=Lax``, ``Path=/``, ``Secure`` unless the

@@ -11,9 +11,11 @@ API key gets 403 ``session_required``, no credential 401, and a dashboard sessio
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
+from fastapi.routing import APIRoute
+from starlette.routing import Match
 
-from serve_app.ingress.deps import SessionCaller
-from serve_app.protocol.errors import NotFoundError
+from serve_app.ingress.deps import session_caller
+from serve_app.protocol.errors import MethodNotAllowedError, NotFoundError
 
 router = APIRouter(prefix="/api", tags=["dashboard (session only)"])
 
@@ -37,7 +39,20 @@ SESSION_ONLY_AREAS = (
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
-async def session_only(session: SessionCaller, request: Request) -> None:
+def _declared_elsewhere(request: Request) -> bool:
+    """Whether a declared route has this path (with other methods: this one got here)."""
+    return any(
+        isinstance(route, APIRoute)
+        and route.include_in_schema
+        and route.matches(request.scope)[0] != Match.NONE
+        for route in request.app.router.routes
+    )
+
+
+async def session_only(request: Request) -> None:
+    if _declared_elsewhere(request):
+        raise MethodNotAllowedError(f"Method {request.method} not allowed on this path.")
+    await session_caller(request)
     raise NotFoundError(f"No route {request.url.path}.", code="unknown_route")
 
 

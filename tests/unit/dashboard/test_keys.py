@@ -1,4 +1,4 @@
-"""``/api/keys`` with a dashboard session (docs/reference/dashboard-api.md#keys)."""
+"""``/api/keys`` with a dashboard session (docs/reference/dashboard.md#keys)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Dashboard sessions over HTTP: sign-in, cookie, CSRF, sign-out, expiry, rate limit,
 password change, one-time links, and a session on the API-key routes
-(docs/reference/dashboard-api.md#session)."""
+(docs/reference/dashboard.md#session)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from serve_app.auth.sessions import SessionStore
-from serve_app.storage.schema import usage_records, utcnow
+from serve_app.storage.schema import memberships, usage_records, utcnow
 from tests.fixtures.dashboard import PASSWORD, browser, session_store, sign_in, signed_in
 from tests.fixtures.gateway import GatewayHarness
 
@@ -258,3 +258,23 @@ async def test_an_api_key_wins_over_a_cookie(gateway: GatewayHarness) -> None:
     async with signed_in(gateway, "alice") as http:
         resp = await http.get("/v1/models", headers={"Authorization": "Bearer gwk_" + "B" * 40})
     assert resp.status_code == 401
+
+
+def test_a_batch_made_in_a_session_runs_while_its_user_is_a_member(
+    gateway: GatewayHarness,
+) -> None:
+    """The batch worker looks its creator up by key id: a session's id works like a key's."""
+    store = session_store(gateway)
+    user_id = store.set_password("alice", PASSWORD)
+    _, session = store.start(user_id)
+    store.end(session.id)  # signed out: the batch it made keeps running
+    principal = store.principal_for_key_id(session.id)
+    assert principal is not None and principal.user_id == user_id
+    assert principal.scopes == frozenset({"inference", "dedicated"})
+    key = gateway.store.find_key(gateway.store.hash(gateway.keys["user"]))
+    assert key is not None and store.principal_for_key_id(key.key_id) == key.principal
+    revoked = gateway.store.find_key(gateway.store.hash(gateway.keys["revoked"]))
+    assert revoked is not None and store.principal_for_key_id(revoked.key_id) is None
+    with gateway.store.write() as conn:
+        conn.execute(sa.delete(memberships).where(memberships.c.user_id == user_id))
+    assert store.principal_for_key_id(session.id) is None
