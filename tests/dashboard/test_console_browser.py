@@ -326,3 +326,22 @@ def test_adapters_upload_list_delete_and_a_members_refusal(
     page.once("dialog", lambda dialog: dialog.accept())
     row.get_by_role("button", name="Delete adapter mine").click()
     expect(row).to_have_count(0)
+
+
+def test_only_platform_admins_get_the_ray_dashboard_link(
+    page: Page, live_gateway: LiveGateway
+) -> None:
+    live_gateway.user("erin", "acme", "admin")
+    live_gateway.user("ivan", "initech", "admin")
+    live_gateway.store.update_org("initech", internal=True)
+    sign_in(page, live_gateway.url, "erin", PASSWORD)
+    page.wait_for_load_state("networkidle")
+    expect(page.get_by_role("link", name="Ray dashboard")).to_be_hidden()
+    page.get_by_role("button", name="Sign out").click()
+    expect(page).to_have_url(f"{live_gateway.url}/dashboard/login")
+
+    sign_in(page, live_gateway.url, "ivan", PASSWORD)
+    link = page.get_by_role("link", name="Ray dashboard")
+    expect(link).to_be_visible()
+    assert (link.get_attribute("href") or "").startswith("http")
+    assert link.get_attribute("title")  # where the token is
