@@ -12,7 +12,7 @@ import re
 import httpx
 import openai
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import FilePayload, Page, expect
 
 from tests.dashboard.browser import PageWatch, assert_fits_narrow, screenshot, sign_in
 from tests.dashboard.conftest import LiveGateway
@@ -273,11 +273,11 @@ def test_a_batch_from_an_uploaded_file_and_its_cancel(
     line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": CHAT}
     page.get_by_label("JSONL file of batch lines").set_input_files(
         files=[
-            {
-                "name": "lines.jsonl",
-                "mimeType": "application/jsonl",
-                "buffer": (json.dumps(line) + "\n").encode(),
-            }
+            FilePayload(
+                name="lines.jsonl",
+                mimeType="application/jsonl",
+                buffer=(json.dumps(line) + "\n").encode(),
+            )
         ]
     )
     page.get_by_role("button", name="Upload").click()
@@ -295,9 +295,8 @@ def test_a_batch_from_an_uploaded_file_and_its_cancel(
 
 
 def _upload_adapter(page: Page, name: str) -> None:
-    page.get_by_label("Archive").set_input_files(
-        files=[{"name": "a.zip", "mimeType": "application/zip", "buffer": zipped(adapter_files())}]
-    )
+    archive = FilePayload(name="a.zip", mimeType="application/zip", buffer=zipped(adapter_files()))
+    page.get_by_label("Archive").set_input_files(files=[archive])
     page.get_by_label("Name").fill(name)
     page.get_by_label("Base model").select_option(LORA_BASE)
     page.get_by_role("button", name="Upload").click()
