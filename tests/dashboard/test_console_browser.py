@@ -344,3 +344,30 @@ def test_only_platform_admins_get_the_ray_dashboard_link(
     expect(link).to_be_visible()
     assert (link.get_attribute("href") or "").startswith("http")
     assert link.get_attribute("title")  # where the token is
+
+
+def test_the_organization_switcher_changes_what_the_pages_show(
+    page: Page, live_gateway: LiveGateway
+) -> None:
+    live_gateway.user("erin", "acme", "admin")
+    live_gateway.store.set_membership("erin", "globex", "member")
+    sign_in(page, live_gateway.url, "erin", PASSWORD)
+    nav = page.get_by_role("navigation")
+    expect(nav.get_by_role("link", name="Members and flags")).to_be_visible()
+    switcher = page.get_by_label("Organization")
+    expect(switcher).to_be_enabled()
+    globex = page.locator("#org-select option", has_text="globex").get_attribute("value")
+    assert globex is not None
+    switcher.select_option(globex)
+    # The page reloads in the other organization, where erin is a member.
+    expect(nav.get_by_role("link", name="Members and flags")).to_have_count(0)
+    expect(switcher).to_have_value(globex)
+
+
+def test_sign_in_never_sends_to_another_site(page: Page, live_gateway: LiveGateway) -> None:
+    live_gateway.user("erin", "acme", "admin")
+    page.goto(f"{live_gateway.url}/dashboard/login?next=https://evil.example/")
+    page.get_by_label("Username").fill("erin")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page).to_have_url(f"{live_gateway.url}/dashboard/keys")
