@@ -32,7 +32,7 @@ GW.start(async () => {
       },
     }, "Remove");
     return el("tr", { "data-user-id": m.user_id }, el("td", {}, m.name), el("td", {}, role),
-      el("td", { class: "actions" }, save, remove));
+      el("td", {}, el("div", { class: "actions" }, save, remove)));
   }
 
   async function load() {
