@@ -22,6 +22,7 @@ from serve_app.auth.sessions import Session, SessionStore, invalid_credentials
 from serve_app.limits.buckets import BucketSpec, CounterStore, Denial, SeedNeeded
 from serve_app.protocol.errors import AuthenticationError, PermissionDeniedError, RateLimitError
 
+SESSION_COOKIE = "gw_session"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 CSRF_HEADER = "X-CSRF-Token"
 

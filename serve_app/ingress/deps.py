@@ -15,13 +15,11 @@ from typing import Annotated
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
-from serve_app.auth.dashboard import CSRF_HEADER, not_signed_in, require_csrf
+from serve_app.auth.dashboard import CSRF_HEADER, SESSION_COOKIE, not_signed_in, require_csrf
 from serve_app.auth.principal import SCOPE_DEDICATED, SCOPE_INFERENCE, Principal
 from serve_app.auth.sessions import Session
 from serve_app.ingress.state import DashboardServices, GatewayState
 from serve_app.protocol.errors import PermissionDeniedError
-
-SESSION_COOKIE = "gw_session"
 
 
 async def get_state(request: Request) -> GatewayState:

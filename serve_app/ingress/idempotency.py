@@ -36,8 +36,10 @@ import tempfile
 import time
 from typing import IO
 
+from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from serve_app.auth.dashboard import SESSION_COOKIE
 from serve_app.ingress.errors import error_response
 from serve_app.ingress.replays import Answered, Claimed, InFlight, ReplayStore, StoredAnswer
 from serve_app.protocol.errors import ConflictError, GatewayError, InvalidRequestError
@@ -248,10 +250,21 @@ def _header(scope: Scope, wanted: bytes) -> bytes:
     return b""
 
 
+def _caller(scope: Scope) -> bytes:
+    """Who asks: the whole Authorization value, else the dashboard session's cookie token
+    (the auth dependency reads them in that order), else nothing (such a request is a 401
+    and stores no answer)."""
+    authorization = _header(scope, b"authorization")
+    if authorization:
+        return b"authorization:" + authorization
+    token = cookie_parser(_header(scope, b"cookie").decode("latin-1")).get(SESSION_COOKIE)
+    return b"session:" + token.encode() if token else b""
+
+
 def _slot(scope: Scope, key: str) -> str:
-    """One slot per caller (a hash of the whole Authorization value), route and key."""
+    """One slot per caller (a hash of its credential), route and key."""
     digest = hashlib.sha256()
-    for part in (_header(scope, b"authorization"), scope["path"].encode(), key.encode()):
+    for part in (_caller(scope), scope["path"].encode(), key.encode()):
         digest.update(hashlib.sha256(part).digest())
     return digest.hexdigest()
 

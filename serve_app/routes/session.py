@@ -13,8 +13,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import RedirectResponse
 
+from serve_app.auth.dashboard import SESSION_COOKIE
 from serve_app.auth.sessions import Session
-from serve_app.ingress.deps import SESSION_COOKIE, Dashboard, SessionCaller
+from serve_app.ingress.deps import Dashboard, SessionCaller
 from serve_app.ingress.openapi import ERROR_RESPONSES
 from serve_app.protocol.dashboard import (
     PasswordChangeRequest,

@@ -134,3 +134,20 @@ async def test_another_organization_s_keys_are_not_found(gateway: GatewayHarness
     assert revoke.status_code == 404
     async with gateway.client(alices["key"]) as api:
         assert (await api.get("/v1/models")).status_code == 200
+
+
+async def test_scopes_bind_the_api_routes_and_a_session_has_them_all(
+    gateway: GatewayHarness,
+) -> None:
+    async with signed_in(gateway, "alice") as http:
+        dedicated_only = (await _create(http, scopes=["dedicated"]))["key"]
+        inference_only = (await _create(http, scopes=["inference"]))["key"]
+        session_adapters = await http.get("/api/adapters")
+    async with gateway.client(dedicated_only) as api:
+        refused = await api.get("/api/adapters")
+    async with gateway.client(inference_only) as api:
+        allowed = await api.get("/api/adapters")
+    assert session_adapters.status_code == 200
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "insufficient_scope"
+    assert allowed.status_code == 200

@@ -278,3 +278,20 @@ def test_a_batch_made_in_a_session_runs_while_its_user_is_a_member(
     with gateway.store.write() as conn:
         conn.execute(sa.delete(memberships).where(memberships.c.user_id == user_id))
     assert store.principal_for_key_id(session.id) is None
+
+
+async def test_idempotent_answers_are_kept_per_session(gateway: GatewayHarness) -> None:
+    """Two sessions (or a session and nobody) sending one Idempotency-Key never share an
+    answer: the slot is the caller's credential, here the session's cookie."""
+    headers = {"Idempotency-Key": "same-key-123"}
+    async with signed_in(gateway, "alice") as alice, signed_in(gateway, "carol") as carol:
+        first = await alice.post("/v1/chat/completions", json=CHAT, headers=headers)
+        replay = await alice.post("/v1/chat/completions", json=CHAT, headers=headers)
+        other = await carol.post("/v1/chat/completions", json=CHAT, headers=headers)
+    async with browser(gateway) as anonymous:
+        nobody = await anonymous.post("/v1/chat/completions", json=CHAT, headers=headers)
+    assert first.status_code == replay.status_code == other.status_code == 200
+    assert replay.headers.get("idempotent-replayed") == "true"
+    assert other.headers.get("idempotent-replayed") != "true"
+    assert other.json()["id"] != first.json()["id"]
+    assert nobody.status_code == 401
