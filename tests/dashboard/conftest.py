@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import pytest
 import uvicorn
-from playwright.sync_api import Browser, BrowserType, Playwright, sync_playwright
+from playwright.sync_api import Browser, BrowserType, Playwright, expect, sync_playwright
 
 from serve_app.auth.accounts import AccountStore
 from serve_app.auth.sessions import SessionStore
@@ -34,6 +34,11 @@ from tests.unit.dedicated.conftest import DedicatedHarness
 from tests.unit.dedicated.conftest import build as build_dedicated
 
 CHROMIUM = "/usr/bin/chromium"
+
+
+# A loaded CI box (or this 2-core one shared by many) can take over Playwright's default
+# 5 s for a page's first scripts; waits still end as soon as the condition holds.
+expect.set_options(timeout=20_000)
 
 
 @pytest.fixture(scope="module")
