@@ -35,6 +35,11 @@ $(STAMP): pyproject.toml Makefile requirements/document-models.txt
 		   (apt-get update -q >/dev/null 2>&1 && \
 		    apt-get install -y -q bubblewrap slirp4netns >/dev/null 2>&1) || \
 		   echo "    not installed: code_interpreter runs will fail until bwrap is present"); }
+	@command -v chromium >/dev/null || \
+		{ echo "==> dashboard browser tests: chromium (apt; Playwright's own download is not used)"; \
+		  (apt-get install -y -q chromium >/dev/null 2>&1 || \
+		   (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1) || \
+		   echo "    not installed: tests/dashboard will fail until /usr/bin/chromium is present"); }
 	@touch $(STAMP)
 	@echo "==> install done"
 

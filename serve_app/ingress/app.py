@@ -14,6 +14,7 @@ import functools
 from fastapi import APIRouter, FastAPI
 from starlette.routing import BaseRoute
 
+from serve_app.dashboard import pages as dashboard_pages
 from serve_app.ingress.auth_first import AuthFirstMiddleware
 from serve_app.ingress.body_limit import BodyLimitMiddleware
 from serve_app.ingress.docs_page import install_docs
@@ -74,6 +75,7 @@ def api_routes() -> tuple[BaseRoute, ...]:
         session,
         dashboard,
         session_only,
+        dashboard_pages,
     ):
         router.include_router(module.router)
     return tuple(router.routes)
