@@ -77,7 +77,10 @@ class SleepPolicy:
                 self._order = SleepOrder.decode(self._read(key))
             except Exception:  # the GCS unreachable for a tick: no order
                 self._order = None
-        return self._order is not None and self._order.fresh(now)
+        # An order older than the head's latest scale-up was carried out already, or given
+        # before a call woke the head again: void either way.
+        woke = ctx.last_scale_up_time or 0.0
+        return self._order is not None and self._order.fresh(now) and self._order.at > woke
 
 
 POLICY_PATH = "deployments.sleep_policy:SleepPolicy"

@@ -197,7 +197,7 @@ class BudgetKeeper:
         """Orders sleeps until ``target`` fits; None when the deadline passed meanwhile."""
         while self._clock() < deadline:
             awake = set(await asyncio.to_thread(self._awake))
-            await asyncio.to_thread(self._forget_done_orders, awake)
+            self._forget_done_orders(awake)
             decision = plan_room(
                 target,
                 self.heads,
@@ -241,10 +241,10 @@ class BudgetKeeper:
         return recent | refused
 
     def _forget_done_orders(self, awake: set[str]) -> None:
-        """Orders whose head is asleep are done: drop them, so a later wake is not undone."""
+        """Orders whose head is asleep are done (the order itself stays for the logs: the
+        head's policy ignores an order older than the head's latest wake)."""
         for model_id in [m for m in self._memory.ordered_at if m not in awake]:
             del self._memory.ordered_at[model_id]
-            self._orders.clear(model_id)
 
     def _evict(self, model_id: str, for_model: str) -> None:
         if model_id in self._memory.ordered_at:

@@ -32,5 +32,12 @@ class RaySleepOrders:
 
         _internal_kv_del(self._key(model_id), namespace=NAMESPACE)
 
+    def read(self, model_id: str) -> SleepOrder | None:
+        """The head's last order, if any (``gateway run`` says which head it made room for)."""
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        raw = _internal_kv_get(self._key(model_id), namespace=NAMESPACE)
+        return SleepOrder.decode(raw if isinstance(raw, bytes) else None)
+
     def _key(self, model_id: str) -> bytes:
         return order_key(self._app, self._deployments[model_id])

@@ -39,6 +39,7 @@ class Head:
         self.state: dict[str, Any] = {}
         self.now = time.time()
         self.replicas = 1
+        self.scaled_up_at: float | None = None
         # Serve's delay logic reads the wall clock: give it this head's
         monkeypatch.setattr(autoscaling_policy, "time", SimpleNamespace(time=lambda: self.now))
 
@@ -58,13 +59,16 @@ class Head:
             capacity_adjusted_min_replicas=0,
             capacity_adjusted_max_replicas=1,
             policy_state=self.state,
-            last_scale_up_time=None,
+            last_scale_up_time=self.scaled_up_at,
             last_scale_down_time=None,
             current_time=self.now,
             config=self.config,
         )
         decision, self.state = self.policy(ctx)
-        self.replicas = min(1, max(0, int(decision)))
+        replicas = min(1, max(0, int(decision)))
+        if replicas > self.replicas:  # what Serve's deployment state records
+            self.scaled_up_at = self.now
+        self.replicas = replicas
         return self.replicas
 
     def order(self, at: float | None = None) -> None:
@@ -119,3 +123,14 @@ def test_a_stale_order_is_ignored_and_a_call_wakes_an_ordered_head(
     head.tick(requests=0)
     assert head.tick(requests=0, seconds=2) == 0
     assert head.tick(requests=1) == 1  # Serve's cold start runs before any policy
+
+
+def test_an_order_older_than_the_latest_wake_is_void(monkeypatch: pytest.MonkeyPatch) -> None:
+    head = Head(monkeypatch)
+    head.tick(requests=1)
+    head.order()
+    head.tick(requests=0)
+    assert head.tick(requests=0, seconds=2) == 0  # carried out
+    assert head.tick(requests=1) == 1  # woken again by a call, the order still stored
+    for _ in range(5):
+        assert head.tick(requests=0) == 1  # the old order does not take it down again

@@ -149,8 +149,7 @@ def test_keeper_orders_sleep_waits_then_wakes() -> None:
     clock.now += 60
     assert asyncio.run(k.make_room("tools"))
     assert orders.ordered == [("vision", "tools")]  # 7 - 3 + 6 = 10: vision alone suffices
-    # the done order is dropped, and no stale order keeps the woken head down
-    assert orders.cleared == ["vision", "tools"]
+    assert orders.cleared == ["tools"]  # no stale order keeps the woken head down
 
 
 def test_keeper_skips_a_head_that_refuses_and_takes_the_next() -> None:
