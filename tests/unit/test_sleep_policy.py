@@ -134,3 +134,21 @@ def test_an_order_older_than_the_latest_wake_is_void(monkeypatch: pytest.MonkeyP
     assert head.tick(requests=1) == 1  # woken again by a call, the order still stored
     for _ in range(5):
         assert head.tick(requests=0) == 1  # the old order does not take it down again
+
+
+def test_the_builder_gives_sleeping_heads_the_policy_and_leaves_the_others() -> None:
+    from serve_app.builders import head_application
+    from serve_app.cli.serve import _catalog_models, load_serve_config
+
+    models = {m.id: m for m in _catalog_models(load_serve_config("configs/local.yaml"))}
+
+    def autoscaling(model_id: str) -> Any:
+        app = head_application(models[model_id])
+        assert app is not None
+        return app._bound_deployment._deployment_config.autoscaling_config
+
+    tools = autoscaling("qwen2.5-coder-1.5b-instruct")
+    assert tools.policy.policy_function == "deployments.sleep_policy:SleepPolicy"
+    assert tools.policy.policy_kwargs == {"idle_s": 600.0}
+    assert tools.downscale_to_zero_delay_s == 1.0
+    assert autoscaling("smollm2-135m-instruct") is None  # fixed replicas: never sleeps
