@@ -16,11 +16,15 @@ with no replica) runs before any policy: a call always wakes a sleeping head.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 from serve_app.contract.sleep import NAMESPACE, SleepOrder, order_key
+
+logger = logging.getLogger("ray.serve")
+"""Serve's own logger: in the controller its lines go to the controller's log file."""
 
 ZERO_DELAY_S = 1.0
 ORDER_READ_S = 1.0
@@ -48,6 +52,7 @@ class SleepPolicy:
         self._last_busy: float | None = None
         self._order: SleepOrder | None = None
         self._order_read_at = float("-inf")
+        self._told = False
 
     def __call__(self, ctx: Any) -> tuple[float, dict[str, Any]]:
         now = ctx.current_time or time.time()
@@ -56,7 +61,17 @@ class SleepPolicy:
             self._last_busy = now  # asleep or starting counts as used: a fresh window
         if ctx.current_num_replicas == 0:
             return ctx.target_num_replicas, {}
-        if not busy and (self._ordered(ctx, now) or self._idle(now)):
+        if not busy and self._ordered(ctx, now):
+            if self._order is not None and not self._told:
+                logger.info(
+                    "%s put to sleep for %s (sleep order)",
+                    ctx.deployment_name,
+                    self._order.for_model,
+                )
+                self._told = True
+            return 0, {}
+        self._told = False
+        if not busy and self._idle(now):
             return 0, {}
         target = ctx.config.get_target_ongoing_requests() * ctx.current_num_replicas
         desired = ctx.current_num_replicas * ctx.total_num_requests / target
@@ -76,6 +91,7 @@ class SleepPolicy:
             try:
                 self._order = SleepOrder.decode(self._read(key))
             except Exception:  # the GCS unreachable for a tick: no order
+                logger.warning("could not read the sleep order of %s", key, exc_info=True)
                 self._order = None
         # An order older than the head's latest scale-up was carried out already, or given
         # before a call woke the head again: void either way.
