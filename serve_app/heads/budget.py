@@ -122,8 +122,11 @@ class KeeperTiming:
     """How often the heads are looked at again while waiting for room or for the lease."""
     deadline_s: float = 120.0
     """Give up making room after this (the wake is not sent; the next call tries again)."""
-    refused_after_s: float = 20.0
-    """A head still awake this long after its order is taken as busy: its policy refused."""
+    refused_after_s: float = 45.0
+    """A head still awake this long after its order is taken as busy: its policy refused.
+    Serve averages a head's request count over ``look_back_period_s`` (30 s), so an idle
+    head that had a call just before its order goes down ~30 s later (measured: 33.7 s,
+    tests/cluster/test_sleep_orders.py)."""
     recent_use_s: float = 5.0
     """A head this replica called this recently is taken as busy."""
 
