@@ -18,6 +18,7 @@ from deployments.audio.speech_head import SpeechHead
 from deployments.audio.transcription_head import TranscriptionHead
 from deployments.document.head import DetectHead, ParseHead
 from deployments.embedding.head import PoolingHead
+from deployments.sleep_policy import with_sleep_policy
 from deployments.text.head import ChatHead
 from deployments.tool_runner import ToolRunner
 from deployments.video.head import VideoHead
@@ -81,8 +82,8 @@ def head_application(
         "health_check_period_s": spec.health_check_period_s,
         "health_check_timeout_s": spec.health_check_timeout_s,
     }
-    if spec.autoscaling_config is not None:
-        options["autoscaling_config"] = spec.autoscaling_config
+    if spec.autoscaling_config is not None:  # a head that sleeps also obeys sleep orders
+        options["autoscaling_config"] = with_sleep_policy(spec.autoscaling_config)
     else:
         options["num_replicas"] = spec.num_replicas
     head = HEAD_DEPLOYMENTS[model.head].options(**options)

@@ -48,10 +48,13 @@ from serve_app.config import GatewayAppArgs
 from serve_app.dedicated.api.facade import Dedicated, build_dedicated
 from serve_app.dedicated.control.backend import ServeBackend
 from serve_app.dedicated.control.ray_backend import RayServeBackend
+from serve_app.dedicated.lease import StoreLease
 from serve_app.dedicated.routing.floor import build_floor_counts
 from serve_app.dedicated.routing.router import DedicatedRouter
+from serve_app.dedicated.store import DedicatedStore
 from serve_app.files.service import FilePolicy, FileService
 from serve_app.files.store import FileStore
+from serve_app.heads.budget import BudgetKeeper, budget_heads
 from serve_app.heads.client import (
     DocumentClient,
     HeadClient,
@@ -62,6 +65,7 @@ from serve_app.heads.client import (
     ray_head_clients,
 )
 from serve_app.heads.external import ExternalHeadClient
+from serve_app.heads.sleep_orders import RaySleepOrders
 from serve_app.heads.waker import HeadWaker
 from serve_app.inference.audio.service import AudioPolicy, AudioService
 from serve_app.inference.chat.service import TextService, TimeoutPolicy
@@ -70,7 +74,7 @@ from serve_app.inference.documents.service import DocumentPolicy, DocumentServic
 from serve_app.inference.embeddings.service import EmbeddingPolicy, EmbeddingService
 from serve_app.inference.images import ImagePolicy
 from serve_app.inference.metering import Metering, build_metering
-from serve_app.inference.readiness import HeadReadiness, serve_status_source
+from serve_app.inference.readiness import READY, WARMING, HeadReadiness, serve_status_source
 from serve_app.inference.responses.service import ResponsesService
 from serve_app.inference.video.service import VideoService
 from serve_app.ingress.replays import build_replay_store
@@ -427,6 +431,35 @@ def _attach_batch_worker(
     state.batches.wake = worker.wake
 
 
+BUDGET_LEASE = "head-memory-budget"
+"""The lease row gateway replicas take turns on before putting heads to sleep."""
+
+
+def budget_keeper(
+    config: GatewayAppArgs,
+    app_name: str,
+    deployments: dict[str, str],
+    database: Database,
+    settings: GatewaySettings,
+) -> BudgetKeeper:
+    """The heads' memory budget keeper of one gateway replica: Serve's view of which heads
+    are awake, sleep orders through Ray's KV, one decision at a time under a DB lease."""
+    status = serve_status_source(app_name, deployments)
+    metrics = GatewayMetrics()
+
+    def awake() -> list[str]:
+        return [m for m, s in status().items() if s.state in (READY, WARMING)]
+
+    return BudgetKeeper(
+        budget_heads(m for m in config.catalog if m.id in deployments),
+        settings.resolved_memory_budget_gib(),
+        awake,
+        RaySleepOrders(app_name, deployments),
+        StoreLease(DedicatedStore(database), BUDGET_LEASE),
+        on_evict=metrics.eviction,
+    )
+
+
 async def build_replica(
     args: dict[str, Any], handles: dict[str, Any], tool_runner: Any, app_name: str
 ) -> tuple[GatewayAppArgs, GatewayState]:
@@ -442,16 +475,20 @@ async def build_replica(
     chat: dict[str, HeadClient] = dict(clients.chat)
     chat.update({m.id: ExternalHeadClient(m) for m in config.catalog if m.is_external})
     deployments = {m.id: m.deployment_name() for m in config.catalog if m.id in handles}
-    readiness = HeadReadiness(
-        serve_status_source(app_name, deployments),
-        config.readiness_refresh_s,
-        waker=HeadWaker({m: h for m, h in handles.items() if m in deployments}),
-    )
     settings = get_settings()
     if config.deployment_mode == "production":  # each replica's own environment counts
         require_production_ready(settings, stand_in_refusals(config.catalog))
     database = Database.from_settings(settings)
     database.migrate()
+    keeper = budget_keeper(config, app_name, deployments, database, settings)
+    readiness = HeadReadiness(
+        serve_status_source(app_name, deployments),
+        config.readiness_refresh_s,
+        waker=HeadWaker(
+            {m: h for m, h in handles.items() if m in deployments}, gate=keeper.make_room
+        ),
+        on_use=keeper.note_use,
+    )
     dedicated_backend = None
     if config.dedicated.enabled:
         from deployments.dedicated_head import DedicatedHead  # only a Serve replica needs it

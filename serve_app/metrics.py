@@ -23,6 +23,7 @@ _TAGS: dict[str, tuple[str, ...]] = {
     "gateway_rate_limited": ("model", "code"),
     "gateway_request_latency_seconds": ("model", "endpoint"),
     "gateway_limits_fail_open": ("phase",),
+    "gateway_head_evictions": ("model", "for_model"),
 }
 _DESCRIPTIONS = {
     "gateway_requests": "Inference requests by outcome (ok, partial, aborted, rejected, error).",
@@ -31,6 +32,8 @@ _DESCRIPTIONS = {
     "gateway_request_latency_seconds": "Seconds from request start to the last byte of the answer.",
     "gateway_limits_fail_open": "Requests admitted without rate limits because the counter "
     "store was unreachable (limits.fail_open); alert on any increase.",
+    "gateway_head_evictions": "Heads put to sleep to make room under the memory budget "
+    "(model: the head put to sleep; for_model: the head woken).",
 }
 _HISTOGRAMS = frozenset({"gateway_request_latency_seconds"})
 """Observed values (``observe``); every other metric is a counter (``inc``)."""
@@ -172,6 +175,10 @@ class GatewayMetrics:
     def limits_fail_open(self) -> None:
         """A request went through unlimited because the counter store failed (fail_open)."""
         self._safely("inc", "gateway_limits_fail_open", 1, {"phase": "admit"})
+
+    def eviction(self, model: str, for_model: str) -> None:
+        """``model``'s head was put to sleep to make room for ``for_model``'s."""
+        self._safely("inc", "gateway_head_evictions", 1, {"model": model, "for_model": for_model})
 
     def latency(self, model: str, endpoint: str, seconds: float) -> None:
         self._safely("observe", "gateway_request_latency_seconds", seconds, _tags(model, endpoint))

@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from serve_app.contract.paths import DEFAULT_STATE_DIR
@@ -111,6 +111,25 @@ class GatewaySettings(BaseSettings):
         default="auto", description="path for most self-hosted S3 servers."
     )
 
+    memory_budget: float | None = Field(
+        default=None,
+        gt=0,
+        description="GiB the catalog's heads may hold awake at once (`8G`, `12GiB`, `8192M` "
+        "or a number of GiB); unset: half the machine's memory. Waking a head past it first "
+        "puts the least recently used idle heads to sleep (docs/deployment.md, 'Memory budget').",
+    )
+
+    @field_validator("memory_budget", mode="before")
+    @classmethod
+    def _parse_memory(cls, value: object) -> object:
+        return parse_gib(value) if isinstance(value, str) else value
+
+    def resolved_memory_budget_gib(self) -> float:
+        """The heads' budget in GiB: the setting, else half of this machine's memory."""
+        if self.memory_budget is not None:
+            return self.memory_budget
+        return machine_memory_gib() / 2
+
     def resolved_models_dir(self) -> Path:
         """Where prepared and locally built models are cached (heads find the same folder
         with ``serve_app.contract.paths.models_dir_from_environment``)."""
@@ -126,6 +145,26 @@ class GatewaySettings(BaseSettings):
             return self.database_url
         self.state_dir.mkdir(parents=True, exist_ok=True)
         return f"sqlite:///{(self.state_dir / 'gateway.db').resolve()}"
+
+
+_UNITS = {"": 1.0, "G": 1.0, "GB": 1.0, "GIB": 1.0, "M": 1 / 1024, "MB": 1 / 1024}
+_UNITS |= {"MIB": 1 / 1024, "T": 1024.0, "TB": 1024.0, "TIB": 1024.0}
+
+
+def parse_gib(text: str) -> float:
+    """``8G`` / ``12GiB`` / ``8192M`` / ``7.5`` -> GiB (binary units whatever the spelling:
+    an operator writing 8G means what ``free -g`` shows)."""
+    cleaned = text.strip().upper().replace(" ", "")
+    number = cleaned.rstrip("GMTIB")
+    unit = cleaned[len(number) :]
+    if unit not in _UNITS or not number:
+        raise ValueError(f"not a memory size: {text!r} (write e.g. 8G, 12GiB or 8192M)")
+    return float(number) * _UNITS[unit]
+
+
+def machine_memory_gib() -> float:
+    """This machine's physical memory in GiB."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
 
 
 class ProductionRefused(RuntimeError):

@@ -232,6 +232,17 @@ class CatalogModel(_Strict):
         default=None, description="Pooling models (head: pooling): vector size and score kind."
     )
     dedicated_eligible: bool = Field(default=True, description="May back a dedicated endpoint.")
+    memory_gib: float | None = Field(
+        default=None,
+        gt=0,
+        description="Memory its head holds awake (GiB, measured: bench/memory_budget.py); "
+        "what the heads' memory budget counts. Unset: the head is not counted (check warns).",
+    )
+    pinned: bool = Field(
+        default=False,
+        description="Never put to sleep to make room under the memory budget (the default "
+        "chat model's head).",
+    )
     engine: EngineSpec = Field(default_factory=EngineSpec)
     deployment: DeploymentSpec = Field(default_factory=DeploymentSpec)
     adapters: list[CatalogAdapter] = Field(

@@ -324,13 +324,16 @@ class HeadWatch:
     """Prints each head's condition when it changes: awake, asleep, waking or failed."""
 
     def __init__(self, serve_config: dict[str, Any]) -> None:
+        from serve_app.heads.sleep_orders import RaySleepOrders
         from serve_app.inference.readiness import serve_status_source
 
-        self._sources = [
-            serve_status_source(app.get("name", "default"), _head_deployments(app))
+        apps = [
+            (app.get("name", "default"), _head_deployments(app))
             for app in serve_config["applications"]
             if str(app.get("import_path", "")).startswith("serve_app.builders")
         ]
+        self._sources = [serve_status_source(name, heads) for name, heads in apps]
+        self._orders = {m: RaySleepOrders(name, heads) for name, heads in apps for m in heads}
         self._seen: dict[str, str] = {}
 
     def report(self) -> None:
@@ -343,8 +346,20 @@ class HeadWatch:
             return
         changed = {m: describe(s) for m, s in states.items() if self._seen.get(m) != describe(s)}
         if changed:
-            _step("heads: " + "; ".join(f"{m} {word}" for m, word in sorted(changed.items())))
+            words = {m: w + self._why(m) if w == "asleep" else w for m, w in changed.items()}
+            _step("heads: " + "; ".join(f"{m} {word}" for m, word in sorted(words.items())))
             self._seen.update(changed)
+
+    def _why(self, model_id: str) -> str:
+        """`` (put to sleep for Y)`` when the memory budget keeper ordered it just now."""
+        import time
+
+        try:
+            order = self._orders[model_id].read(model_id)
+        except Exception:  # no order store reachable: say nothing more
+            return ""
+        fresh = order is not None and order.fresh(time.time())
+        return f" (put to sleep for {order.for_model})" if order is not None and fresh else ""
 
 
 def _head_deployments(app: dict[str, Any]) -> dict[str, str]:

@@ -3,7 +3,10 @@
 Serve scales a deployment up from zero when a handle holds a call for it that no
 replica can take: the queued call is the demand its autoscaler sees. So waking a
 head is one call of its ``wake`` method (a no-op on the head) kept waiting until a
-replica exists and answers it. At most one such call per head is in flight.
+replica exists and answers it. At most one such call per head is in flight. A ``gate``
+(the memory budget keeper, ``serve_app.heads.budget``) runs first: it may put other
+heads to sleep to make room, or refuse, and then no wake call is sent (the head's callers
+keep getting 503 ``model_warming``; the next call tries again).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -24,9 +27,15 @@ two cores); the readiness check sends another on the next call after that."""
 class HeadWaker:
     """Sends each sleeping head at most one pending ``wake`` call at a time."""
 
-    def __init__(self, handles: Mapping[str, Any], bound_s: float = WAKE_BOUND_S) -> None:
+    def __init__(
+        self,
+        handles: Mapping[str, Any],
+        bound_s: float = WAKE_BOUND_S,
+        gate: Callable[[str], Awaitable[bool]] | None = None,
+    ) -> None:
         self._handles = handles
         self._bound_s = bound_s
+        self._gate = gate
         self._pending: dict[str, asyncio.Task[None]] = {}
 
     def __call__(self, model_id: str) -> None:
@@ -37,6 +46,8 @@ class HeadWaker:
         self._pending[model_id] = asyncio.get_running_loop().create_task(self._wake(model_id))
 
     async def _wake(self, model_id: str) -> None:
+        if self._gate is not None and not await self._allowed(model_id):
+            return
         started = time.monotonic()
         logger.info("waking head %s", model_id)
         response = self._handles[model_id].wake.remote()
@@ -47,3 +58,14 @@ class HeadWaker:
             logger.warning("head %s did not wake in %.0f s: %s", model_id, self._bound_s, err)
             return
         logger.info("head %s awake after %.1f s", model_id, time.monotonic() - started)
+
+    async def _allowed(self, model_id: str) -> bool:
+        """The gate's answer; a gate that fails keeps the head asleep (never an OOM kill)."""
+        assert self._gate is not None
+        try:
+            return await self._gate(model_id)
+        except Exception:
+            logger.warning(
+                "could not make room for head %s; not waking it", model_id, exc_info=True
+            )
+            return False

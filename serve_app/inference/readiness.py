@@ -102,9 +102,12 @@ class HeadReadiness:
         refresh_s: float = 2.0,
         warming_retry_after_s: int = 10,
         waker: Waker | None = None,
+        on_use: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_use``: told of every accepted call (the memory budget's last-use order)."""
         self._source = source
         self._waker = waker
+        self._on_use = on_use
         self._refresh_s = refresh_s
         self._retry_after = warming_retry_after_s
         self._states: dict[str, HeadState] = {}
@@ -124,6 +127,8 @@ class HeadReadiness:
         """A call to ``model_id``'s head was just accepted: it is up, whatever polls said."""
         now = time.monotonic()
         self._answering[model_id] = now
+        if self._on_use is not None:
+            self._on_use(model_id)
         if model_id in self._states and self._states[model_id].state != READY:
             self._states[model_id] = HeadState(READY)
 

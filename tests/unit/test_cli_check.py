@@ -75,7 +75,8 @@ BROKEN_CATALOG: list[dict[str, Any]] = [
 
 @pytest.fixture
 def settings(tmp_path: Path) -> GatewaySettings:
-    return GatewaySettings(state_dir=tmp_path / "state")
+    # the budget explicit: its default, half this machine's memory, varies between machines
+    return GatewaySettings(state_dir=tmp_path / "state", memory_budget=12)
 
 
 def _write_config(tmp_path: Path, args: dict[str, Any]) -> str:

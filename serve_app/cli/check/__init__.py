@@ -8,14 +8,16 @@ without complaint. This command finds those before anything starts, without load
 model: it imports each backend's runtime, validates each engine config with the
 backend's own pydantic class and each vLLM head's arguments against the installed
 vLLM's ``AsyncEngineArgs``, resolves every model source, and connects to the
-database, Redis and the object store. One line per problem, each with its fix; exit
-status 1 when there is any. ``gateway run`` runs it before Ray starts.
+database, Redis and the object store, and weighs the catalog's heads against the memory
+budget. One line per problem, each with its fix; exit status 1 when there is any.
+``gateway run`` runs it before Ray starts.
 
 One module per thing checked: ``applications`` (each gateway application's args,
 and what production needs from the environment), ``backends`` (one catalog entry's
 engine: runtime imports, engine config), ``vllm_args`` (a vLLM head's arguments
-against the installed vLLM), ``sources`` (model references) and ``services`` (the
-database, Redis, the object store). ``problems`` holds what they report.
+against the installed vLLM), ``sources`` (model references), ``services`` (the
+database, Redis, the object store) and ``memory`` (the heads against the memory
+budget). ``problems`` holds what they report.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import os
 import sys
 from typing import Any
 
-from serve_app.cli.check.applications import check_applications
+from serve_app.cli.check.applications import check_applications, memory_lines
 from serve_app.cli.check.backends import check_model
 from serve_app.cli.check.problems import Problem
 from serve_app.cli.check.services import check_services
@@ -59,6 +61,8 @@ def register(subparsers: _SubParsers) -> None:
 def _check(args: argparse.Namespace, settings: GatewaySettings) -> int:
     serve_config = load_serve_config(args.config)
     problems = run_checks(serve_config, settings, hub_allowed=hub_access_allowed(args.offline))
+    for line in memory_lines(serve_config, settings):  # what the catalog needs, not a problem
+        print(f"gateway check: {line}", file=sys.stderr)
     return report(problems, args.config)
 
 

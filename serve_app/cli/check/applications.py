@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from serve_app.cli.check.backends import check_model
+from serve_app.cli.check.memory import check_memory, memory_summary
 from serve_app.cli.check.problems import Problem
 from serve_app.composition import catalog_stand_ins
 from serve_app.config import GatewayAppArgs
@@ -50,6 +51,7 @@ def check_applications(
         production = production or config.deployment_mode == "production"
         for model in config.catalog:
             problems.extend(check_model(model, settings, hub_allowed=hub_allowed))
+        problems.extend(check_memory(config.catalog, settings.resolved_memory_budget_gib()))
         if config.deployment_mode == "production":  # locally `gateway run` mints the loopback key
             problems.extend(_external_keys(config))
             problems.extend(_stand_ins(config))
@@ -107,3 +109,16 @@ def _external_keys(config: GatewayAppArgs) -> list[Problem]:
         for model in config.catalog
         if model.external is not None and not os.environ.get(model.external.api_key_env)
     ]
+
+
+def memory_lines(serve_config: dict[str, Any], settings: GatewaySettings) -> list[str]:
+    """What each gateway application's catalog needs against the memory budget."""
+    lines: list[str] = []
+    for app in serve_config.get("applications") or []:
+        if not str(app.get("import_path", "")).startswith(GATEWAY_BUILDER_PREFIX):
+            continue
+        config = _app_args(app, [])
+        if config is not None:
+            budget = settings.resolved_memory_budget_gib()
+            lines.extend(memory_summary(config.catalog, budget))
+    return lines

@@ -1,0 +1,211 @@
+"""The memory budget keeper's choices (serve_app/heads/budget.py), without Ray."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+import pytest
+
+from serve_app.heads.budget import (
+    BudgetHead,
+    BudgetKeeper,
+    KeeperTiming,
+    Verdict,
+    budget_heads,
+    plan_room,
+)
+
+HEADS = {
+    "chat": BudgetHead("chat", 2.5, evictable=False),  # pinned
+    "tools": BudgetHead("tools", 6.0, evictable=True),
+    "vision": BudgetHead("vision", 3.0, evictable=True),
+    "embed": BudgetHead("embed", 1.5, evictable=True),
+    "speech": BudgetHead("speech", 0.5, evictable=True),
+}
+
+
+def test_fits_wakes_without_evicting() -> None:
+    decision = plan_room("tools", HEADS, {"chat", "embed"}, (), {}, budget_gib=12)
+    assert decision.verdict is Verdict.WAKE and decision.evict == ()
+    assert decision.awake_gib == 4.0 and decision.needed_gib == 6.0
+
+
+def test_least_recently_used_idle_heads_go_first() -> None:
+    awake = {"chat", "vision", "embed", "speech"}
+    uses = {"vision": 30.0, "embed": 10.0, "speech": 20.0}
+    # 2.5 + 3 + 1.5 + 0.5 = 7.5 awake; tools needs 6 under 10: free 3.5 -> embed (oldest),
+    # speech (next), then vision
+    decision = plan_room("tools", HEADS, awake, (), uses, budget_gib=10)
+    assert decision.verdict is Verdict.MAKE_ROOM
+    assert decision.evict == ("embed", "speech", "vision")
+    uses = {"vision": 5.0, "embed": 10.0, "speech": 20.0}
+    decision = plan_room("tools", HEADS, awake, (), uses, budget_gib=10)
+    assert decision.evict == ("vision", "embed")  # 7.5 - 3 - 1.5 + 6 = 9 <= 10
+
+
+def test_busy_head_is_never_chosen() -> None:
+    awake = {"chat", "vision", "embed"}
+    uses = {"vision": 1.0, "embed": 2.0}
+    decision = plan_room("tools", HEADS, awake, {"vision"}, uses, budget_gib=10)
+    # 7 awake + 6 = 13; embed frees 1.5 -> 11.5 > 10: vision is busy, so no room at all
+    assert decision.verdict is Verdict.NO_ROOM and decision.evict == ()
+    decision = plan_room("tools", HEADS, awake, {"vision"}, uses, budget_gib=12)
+    assert decision.evict == ("embed",)
+
+
+def test_pinned_never_chosen_and_nothing_freeable_is_no_room() -> None:
+    decision = plan_room("tools", HEADS, {"chat"}, (), {}, budget_gib=7)
+    assert decision.verdict is Verdict.NO_ROOM
+    decision = plan_room("tools", HEADS, {"chat", "speech"}, (), {}, budget_gib=8.6)
+    assert decision.verdict is Verdict.MAKE_ROOM and decision.evict == ("speech",)
+
+
+def test_dedicated_endpoints_are_outside_the_catalog_budget() -> None:
+    # a dedicated endpoint's deployment is not a catalog head: never a candidate, never counted
+    decision = plan_room("tools", HEADS, {"chat", "ded-acme-head"}, (), {}, budget_gib=9)
+    assert decision.verdict is Verdict.WAKE
+
+
+class Orders:
+    def __init__(self) -> None:
+        self.ordered: list[tuple[str, str]] = []
+        self.cleared: list[str] = []
+
+    def order(self, model_id: str, for_model: str) -> None:
+        self.ordered.append((model_id, for_model))
+
+    def clear(self, model_id: str) -> None:
+        self.cleared.append(model_id)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Serve:
+    """Takes an ordered head down after ``delay`` polls, unless it is ``refusing``."""
+
+    def __init__(self, awake: Iterable[str], orders: Orders, refusing: Iterable[str] = ()):
+        self.awake = set(awake)
+        self.orders = orders
+        self.refusing = set(refusing)
+
+    def __call__(self) -> set[str]:
+        for model_id, _ in self.orders.ordered:
+            if model_id not in self.refusing:
+                self.awake.discard(model_id)
+        return set(self.awake)
+
+
+class Lease:
+    """One shared row: ``holder`` or nobody."""
+
+    holder: str | None = None
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.acquired = 0
+
+    def acquire(self) -> bool:
+        if Lease.holder in (None, self.name):
+            Lease.holder = self.name
+            self.acquired += 1
+            return True
+        return False
+
+    def release(self) -> None:
+        if Lease.holder == self.name:
+            Lease.holder = None
+
+
+def keeper(serve: Serve, orders: Orders, clock: Clock, budget: float, lease=None) -> BudgetKeeper:
+    return BudgetKeeper(
+        HEADS,
+        budget,
+        serve,
+        orders,
+        lease,
+        clock=clock,
+        sleep=clock.sleep,
+        timing=KeeperTiming(poll_s=1, deadline_s=60, refused_after_s=10, recent_use_s=5),
+    )
+
+
+def test_keeper_orders_sleep_waits_then_wakes() -> None:
+    orders, clock = Orders(), Clock()
+    serve = Serve({"chat", "vision", "embed"}, orders)
+    k = keeper(serve, orders, clock, budget=10)
+    k.note_use("vision")
+    clock.now += 60
+    k.note_use("embed")
+    clock.now += 60
+    assert asyncio.run(k.make_room("tools"))
+    assert orders.ordered == [("vision", "tools")]  # 7 - 3 + 6 = 10: vision alone suffices
+    assert orders.cleared == ["tools"]  # no stale order keeps the woken head down
+
+
+def test_keeper_skips_a_head_that_refuses_and_takes_the_next() -> None:
+    orders, clock = Orders(), Clock()
+    serve = Serve({"chat", "vision", "embed", "speech"}, orders, refusing={"vision"})
+    k = keeper(serve, orders, clock, budget=12)  # 7.5 awake + 6: one of vision or embed
+    for model in ("vision", "embed", "speech"):
+        k.note_use(model)
+        clock.now += 60
+    assert asyncio.run(k.make_room("tools"))
+    assert [m for m, _ in orders.ordered] == ["vision", "embed"]  # vision stayed up: busy
+    assert serve.awake == {"chat", "vision", "speech"}
+
+
+def test_recently_used_head_is_busy_and_nothing_freeable_answers_false() -> None:
+    orders, clock = Orders(), Clock()
+    serve = Serve({"chat", "vision"}, orders)
+    k = keeper(serve, orders, clock, budget=9)
+    k.note_use("vision")  # in use right now
+    assert not asyncio.run(k.make_room("tools"))
+    assert orders.ordered == []
+
+
+def test_one_decision_at_a_time_across_replicas() -> None:
+    Lease.holder = "other-replica"
+    orders, clock = Orders(), Clock()
+    serve = Serve({"chat"}, orders)
+    lease = Lease("me")
+    k = keeper(serve, orders, clock, budget=12, lease=lease)
+    assert not asyncio.run(k.make_room("tools"))  # the other replica never let go
+    assert lease.acquired == 0 and orders.cleared == []
+    Lease.holder = None
+    assert asyncio.run(k.make_room("tools"))
+    assert lease.acquired == 1 and Lease.holder is None  # released after the decision
+
+
+def test_unknown_head_is_not_held_back() -> None:
+    orders, clock = Orders(), Clock()
+    k = keeper(Serve({"chat"}, orders), orders, clock, budget=1)
+    assert asyncio.run(k.make_room("ded-acme"))
+
+
+def test_budget_heads_from_the_catalog() -> None:
+    from serve_app.cli.serve_config import load_serve_config
+    from serve_app.config import GatewayAppArgs
+
+    config = load_serve_config("configs/local.yaml")
+    app = next(a for a in config["applications"] if a.get("args"))
+    heads = budget_heads(GatewayAppArgs.model_validate(app["args"]).catalog)
+    smollm2 = heads["smollm2-135m-instruct"]
+    assert not smollm2.evictable and smollm2.memory_gib > 0  # pinned
+    assert heads["qwen2.5-coder-1.5b-instruct"].evictable
+    assert "loopback/smollm2-135m-instruct" not in heads  # external: holds nothing here
+    assert all(h.memory_gib > 0 for h in heads.values())
+
+
+@pytest.fixture(autouse=True)
+def _no_lease_left() -> None:
+    Lease.holder = None

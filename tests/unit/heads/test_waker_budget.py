@@ -1,0 +1,82 @@
+"""The waker asks the memory budget keeper first; readiness tells it of every call."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from serve_app.heads.budget import BudgetHead, BudgetKeeper, KeeperTiming
+from serve_app.heads.waker import HeadWaker
+from serve_app.inference.readiness import ASLEEP, HeadReadiness, HeadState
+
+
+class _Handle:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.wake = SimpleNamespace(remote=self._remote)
+
+    def _remote(self) -> asyncio.Future[None]:
+        self.calls += 1
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
+
+
+class _Orders:
+    def __init__(self) -> None:
+        self.ordered: list[str] = []
+
+    def order(self, model_id: str, for_model: str) -> None:
+        self.ordered.append(model_id)
+
+    def clear(self, model_id: str) -> None:
+        return None
+
+
+def _keeper(awake: set[str], orders: _Orders, budget: float) -> BudgetKeeper:
+    heads = {
+        "chat": BudgetHead("chat", 2.0, evictable=False),
+        "tools": BudgetHead("tools", 6.0, evictable=True),
+        "embed": BudgetHead("embed", 2.0, evictable=True),
+    }
+
+    def seen() -> set[str]:
+        return awake - set(orders.ordered)  # Serve takes an ordered idle head down
+
+    return BudgetKeeper(
+        heads, budget, seen, orders, timing=KeeperTiming(poll_s=0.01, deadline_s=0.5)
+    )
+
+
+@pytest.mark.parametrize(("budget", "wakes", "evicted"), [(9, 1, ["embed"]), (7, 0, [])])
+async def test_the_wake_call_goes_only_once_there_is_room(
+    budget: float, wakes: int, evicted: list[str]
+) -> None:
+    orders, handle = _Orders(), _Handle()
+    keeper = _keeper({"chat", "embed"}, orders, budget)
+    waker = HeadWaker({"tools": handle}, bound_s=5, gate=keeper.make_room)
+    waker("tools")
+    await asyncio.sleep(0.3)
+    assert handle.calls == wakes
+    assert orders.ordered == evicted
+
+
+async def test_a_failing_gate_keeps_the_head_asleep() -> None:
+    async def broken(model_id: str) -> bool:
+        raise RuntimeError("database down")
+
+    handle = _Handle()
+    waker = HeadWaker({"tools": handle}, bound_s=5, gate=broken)
+    waker("tools")
+    await asyncio.sleep(0.05)
+    assert handle.calls == 0
+
+
+async def test_readiness_reports_each_accepted_call_as_a_use() -> None:
+    used: list[str] = []
+    readiness = HeadReadiness(lambda: {"s": HeadState(ASLEEP)}, refresh_s=0.01, on_use=used.append)
+    readiness.note_answering("s")
+    readiness.note_answering("t")
+    assert used == ["s", "t"]
