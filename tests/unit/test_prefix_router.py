@@ -29,6 +29,7 @@ from deployments.text.prefix_router import (
 )
 from serve_app.contract.adapters import AdapterRef
 from serve_app.contract.text import HeadRequest, PromptSpec, SamplingSpec
+from tests.fixtures.gateway import GatewayHarness
 
 SYSTEM = "You are a careful agent. " * 40
 
@@ -264,3 +265,32 @@ def test_the_fast_shared_prefix_count_agrees_with_rays() -> None:
         )
         assert FastPrefixTree._shared_prefix_count(a, b) == expected, (a, b)
         assert PrefixTree._shared_prefix_count(a, b) == expected
+
+
+# --- the gateway names the caller ---------------------------------------------------
+
+
+async def test_every_head_request_carries_the_callers_organization(
+    gateway: GatewayHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chat, completions and responses all reach the head with the caller's org (the
+    router's namespace); a request without it would share one namespace across orgs."""
+    head = gateway.app.state.gateway.text.heads["scripted-chat"]
+    seen: list[HeadRequest] = []
+    original = head.stream
+
+    def recording(request: HeadRequest) -> Any:
+        seen.append(request)
+        return original(request)
+
+    monkeypatch.setattr(head, "stream", recording)
+    client = gateway.openai(gateway.keys["user"])
+    messages: Any = [{"role": "user", "content": "hi"}]
+    await client.chat.completions.create(model="scripted-chat", messages=messages)
+    await client.completions.create(model="scripted-chat", prompt="say something")
+    await client.responses.create(model="scripted-chat", input="hi there")
+    other = gateway.openai(gateway.keys["external"])
+    await other.chat.completions.create(model="scripted-chat", messages=messages)
+    acme, ext = gateway.store.get_org("acme"), gateway.store.get_org("ext-org")
+    assert acme is not None and ext is not None and acme.id != ext.id
+    assert [r.org_id for r in seen] == [acme.id] * 3 + [ext.id]
