@@ -128,12 +128,13 @@ def request_router_config(model: CatalogModel) -> RequestRouterConfig | None:
     spec = model.deployment
     if model.head != "chat" or model.routing != "prefix" or not may_scale_out(spec):
         return None
-    return RequestRouterConfig(
-        request_router_class=prefix_router.ROUTER_CLASS,
-        request_router_kwargs=prefix_router.router_kwargs(
+    fields: dict[str, Any] = {  # Ray's stubs type the class field wrongly (a dict)
+        "request_router_class": prefix_router.ROUTER_CLASS,
+        "request_router_kwargs": prefix_router.router_kwargs(
             spec.routing_imbalance, spec.routing_tree_chars
         ),
-    )
+    }
+    return RequestRouterConfig(**fields)
 
 
 def build_gateway_app(args: dict[str, Any]) -> Application:

@@ -132,6 +132,11 @@ class FastPrefixTree(PrefixTree):
                 high = mid
         return low
 
+    def tenants(self) -> list[str]:
+        """The replicas the tree holds entries for (full replica ids): for operators and
+        tests, as the actor's state cannot be read otherwise."""
+        return list(self.tenant_to_char_count)
+
 
 FastPrefixTreeActor = ray.remote(FastPrefixTree)
 
@@ -145,7 +150,7 @@ class ChatPrefixRouter(PrefixCacheAffinityRouter):
         the Serve controller to end at ``serve.shutdown``, as Ray does."""
         if tree_actor is None:
             deployment = self._deployment_id
-            tree_actor = FastPrefixTreeActor.options(  # type: ignore[attr-defined]
+            tree_actor = FastPrefixTreeActor.options(
                 name="ChatPrefixTreeActor",
                 namespace=f"{SERVE_NAMESPACE}::{deployment.app_name}::{deployment.name}",
                 get_if_exists=True,
