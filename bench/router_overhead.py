@@ -137,8 +137,8 @@ def make_router(kind: str, tree: str, replicas: list[FakeRunningReplica]) -> Any
     return router
 
 
-async def time_router(router: Any, requests: list[HeadRequest]) -> list[float]:
-    """Seconds per request of choose + record, the replica's queue cache kept warm."""
+async def time_router(router: Any, requests: list[HeadRequest]) -> list[tuple[float, float]]:
+    """Seconds per request of (choose, record), the replicas' queue cache kept warm."""
     costs = []
     replicas = list(router._replicas.values())
     for request in requests:
@@ -148,12 +148,15 @@ async def time_router(router: Any, requests: list[HeadRequest]) -> list[float]:
         start = time.perf_counter()
         ranks = await router.choose_replicas(replicas, pending)
         chosen = ranks[0][0] if ranks and ranks[0] else replicas[0]
+        middle = time.perf_counter()
         router.on_request_routed(pending, chosen.replica_id, None)
-        costs.append(time.perf_counter() - start)
+        costs.append((middle - start, time.perf_counter() - middle))
     return costs
 
 
-async def run(kind: str, tree: str, n: int, requests: list[HeadRequest]) -> list[float]:
+async def run(
+    kind: str, tree: str, n: int, requests: list[HeadRequest]
+) -> list[tuple[float, float]]:
     replicas = []
     for i in range(n):
         replicas.append(FakeRunningReplica(f"r{i}"))
@@ -177,9 +180,12 @@ def main() -> None:
     print(f"{len(requests)} requests, median prompt {chars:.0f} chars, tree={args.tree}")
     for kind in ("pow2", "prefix"):
         costs = asyncio.run(run(kind, args.tree, args.replicas, requests))
-        costs.sort()
-        p50, p99 = costs[len(costs) // 2], costs[int(len(costs) * 0.99)]
-        print(f"{kind:6s} p50 {p50 * 1e3:.3f} ms  p99 {p99 * 1e3:.3f} ms")
+        line = [kind.ljust(6)]
+        for name, part in (("choose", 0), ("record", 1), ("total", None)):
+            values = sorted(c[0] + c[1] if part is None else c[part] for c in costs)
+            p50, p99 = values[len(values) // 2], values[int(len(values) * 0.99)]
+            line.append(f"{name} p50 {p50 * 1e3:.3f} ms p99 {p99 * 1e3:.3f} ms")
+        print("  ".join(line))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from typing import Any
 
 import ray
@@ -176,5 +177,12 @@ class ChatPrefixRouter(PrefixCacheAffinityRouter):
         return await super()._prefix_match_best_replicas(pending_request, candidate_replicas)
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: Any, result: Any):  # type: ignore[no-untyped-def]
-        if pending_request is not None and self._extract_text_from_request(pending_request):
-            super().on_request_routed(pending_request, replica_id, result)
+        """Record where the text went, without waiting for the tree: Ray's version blocks the
+        router's loop on the insert's answer, which nothing reads (one actor round trip per
+        request, half the router's cost in bench/router_overhead.py). Calls from one router
+        reach the actor in order, so this router's next match sees the insert."""
+        if pending_request is None:
+            return
+        text = self._extract_text_from_request(pending_request)
+        if text:
+            self._tree_actor.insert.remote(text, replica_id.to_full_id_str(), time.time())
