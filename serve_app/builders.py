@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
 
 from deployments import registry
 from deployments.audio.speech_head import SpeechHead
@@ -19,11 +20,12 @@ from deployments.audio.transcription_head import TranscriptionHead
 from deployments.document.head import DetectHead, ParseHead
 from deployments.embedding.head import PoolingHead
 from deployments.sleep_policy import with_sleep_policy
+from deployments.text import prefix_router
 from deployments.text.head import ChatHead
 from deployments.tool_runner import ToolRunner
 from deployments.video.head import VideoHead
 from serve_app.adapters.store import open_head_objects
-from serve_app.catalog.config import CatalogModel
+from serve_app.catalog.config import CatalogModel, DeploymentSpec
 from serve_app.composition import stand_in_refusals
 from serve_app.config import GatewayAppArgs, ToolRunnerOptions
 from serve_app.ingress.deployment import Gateway
@@ -86,6 +88,9 @@ def head_application(
         options["autoscaling_config"] = with_sleep_policy(spec.autoscaling_config)
     else:
         options["num_replicas"] = spec.num_replicas
+    router = request_router_config(model)
+    if router is not None:
+        options["request_router_config"] = router
     head = HEAD_DEPLOYMENTS[model.head].options(**options)
     if model.head == "transcription" and max_audio_seconds is not None:
         return head.bind(model.id, model.engine.backend, model.engine.config, max_audio_seconds)
@@ -108,6 +113,30 @@ def head_application(
             open_worker_stores,
         )
     return head.bind(model.id, model.engine.backend, model.engine.config)
+
+
+def may_scale_out(spec: DeploymentSpec) -> bool:
+    """Whether the deployment can ever have more than one replica to choose from."""
+    if spec.autoscaling_config is not None:
+        return int(spec.autoscaling_config.get("max_replicas", 1)) > 1
+    return spec.num_replicas == "auto" or (spec.num_replicas or 1) > 1
+
+
+def request_router_config(model: CatalogModel) -> RequestRouterConfig | None:
+    """Chat heads with ``routing: prefix`` and room for two replicas: the prefix-,
+    adapter- and organization-aware router (deployments/text/prefix_router.py); else
+    None, Serve's default (with one replica a router has nothing to choose, and the
+    prefix router would still pay its tree lookups)."""
+    spec = model.deployment
+    if model.head != "chat" or model.routing != "prefix" or not may_scale_out(spec):
+        return None
+    fields: dict[str, Any] = {  # Ray's stubs type the class field wrongly (a dict)
+        "request_router_class": prefix_router.ROUTER_CLASS,
+        "request_router_kwargs": prefix_router.router_kwargs(
+            spec.routing_imbalance, spec.routing_tree_chars
+        ),
+    }
+    return RequestRouterConfig(**fields)
 
 
 def build_gateway_app(args: dict[str, Any]) -> Application:

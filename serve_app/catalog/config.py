@@ -18,6 +18,7 @@ HeadKind = Literal["chat", "speech", "transcription", "video", "detect", "parse"
 Modality = Literal["text", "image", "audio", "video", "embedding", "score", "json"]
 ReasoningFormat = Literal["none", "think_tags", "harmony"]
 ScoreKind = Literal["bi-encoder", "cross-encoder"]
+Routing = Literal["prefix", "pow2"]
 DEMO_TIER = "demo"
 """Tier of random-weight stand-ins: they run the real code path, their output means nothing."""
 
@@ -155,6 +156,25 @@ class DeploymentSpec(_Strict):
         description="Chat heads: later tokens produced within this window cross to the "
         "gateway as one message (the first token never waits); 0 sends every event alone.",
     )
+    routing: Routing | None = Field(
+        default=None,
+        description="Chat heads with more than one replica: 'prefix' sends a request to the "
+        "replica that saw its longest prefix (same organization and adapter) unless that "
+        "replica is overloaded; 'pow2' is Serve's default power of two choices. Unset: "
+        "'prefix' for chat heads, 'pow2' for the others (docs/tuning.md#request-routing).",
+    )
+    routing_imbalance: int = Field(
+        default=4,
+        ge=0,
+        description="routing 'prefix': when the longest replica queue exceeds the shortest by "
+        "more than this many requests, the prefix is ignored and the less loaded one wins.",
+    )
+    routing_tree_chars: int = Field(
+        default=2_000_000,
+        ge=1000,
+        description="routing 'prefix': characters of prompts the router remembers across "
+        "replicas before it forgets the least recently used.",
+    )
 
 
 class AdapterPricing(_Strict):
@@ -264,6 +284,8 @@ class CatalogModel(_Strict):
             self._pooling_consistent()
         if self.adapters:
             self._adapters_consistent()
+        if self.deployment.routing == "prefix" and self.head != "chat":
+            raise ValueError(f"{self.id}: deployment.routing 'prefix' is for chat heads only")
         return self
 
     def _adapters_consistent(self) -> None:
@@ -307,6 +329,13 @@ class CatalogModel(_Strict):
     def adapter_ref(self) -> AdapterRef | None:
         """The adapter a request for this model generates with (``AdapterModel``)."""
         return None
+
+    @property
+    def routing(self) -> Routing:
+        """The head's request routing: as configured, else 'prefix' for chat heads."""
+        if self.deployment.routing is not None:
+            return self.deployment.routing
+        return "prefix" if self.head == "chat" else "pow2"
 
     def deployment_name(self) -> str:
         """Ray Serve deployment name, shown on the dashboard."""

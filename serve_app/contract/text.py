@@ -168,6 +168,9 @@ class HeadRequest:
     stream (a non-streamed call without server tools: nothing to relay early)."""
     adapter: AdapterRef | None = None
     """The LoRA adapter to generate with (docs/reference/adapters.md); None: the base model."""
+    org_id: str | None = None
+    """The caller's organization, set by the gateway: the chat head's prefix router keys
+    its entries by it (deployments/text/prefix_router.py), so organizations never share them."""
 
 
 @dataclass

@@ -199,6 +199,7 @@ class TextService:
         failure before the first output is still a real status, and releases
         the reservation unbilled.
         """
+        request.org_id = meta.principal.org_id  # the prefix router's namespace
         try:
             started, events = await self._begin(meta.model, request)
         except Exception:
