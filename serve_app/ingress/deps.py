@@ -22,8 +22,11 @@ State = Annotated[GatewayState, Depends(get_state)]
 
 
 async def _authenticate(request: Request) -> Principal:
+    return await _authenticate_header(request, request.headers.get("authorization"))
+
+
+async def _authenticate_header(request: Request, header: str | None) -> Principal:
     state: GatewayState = request.app.state.gateway
-    header = request.headers.get("authorization")
     await state.auth.refresh()  # a revocation anywhere drops this replica's cache first
     principal = state.auth.cached(header)
     if principal is not None:
@@ -43,6 +46,24 @@ async def inference_caller(request: Request) -> Principal:
 
 
 InferenceCaller = Annotated[Principal, Depends(inference_caller)]
+
+
+async def messages_caller(request: Request) -> Principal:
+    """An ``inference`` caller as Anthropic clients authenticate: ``x-api-key: <key>``, or
+    ``Authorization: Bearer <key>`` (docs/reference/messages.md#authentication)."""
+    header = request.headers.get("authorization")
+    api_key = request.headers.get("x-api-key")
+    if not header and api_key:
+        header = f"Bearer {api_key}"
+    principal = await _authenticate_header(request, header)
+    if SCOPE_INFERENCE not in principal.scopes:
+        raise PermissionDeniedError(
+            "This key is not granted the 'inference' scope.", code="insufficient_scope"
+        )
+    return principal
+
+
+MessagesCaller = Annotated[Principal, Depends(messages_caller)]
 
 
 async def dedicated_caller(request: Request) -> Principal:
