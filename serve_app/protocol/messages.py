@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from serve_app.protocol.common import JsonBool, JsonFloat, JsonInt
 from serve_app.protocol.errors import GatewayError
@@ -81,15 +81,12 @@ class Tool(BaseModel):
 
 
 class ToolChoice(BaseModel):
+    """``name`` is required with ``type: tool``; the service checks it (after the model is
+    resolved, as every rule that the published schema cannot state)."""
+
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: JsonBool | None = None
-
-    @model_validator(mode="after")
-    def _name_for_tool(self) -> ToolChoice:
-        if self.type == "tool" and not self.name:
-            raise ValueError("tool_choice.name is required when type is 'tool'")
-        return self
 
 
 class Thinking(BaseModel):
@@ -130,13 +127,6 @@ class MessagesRequest(_Conversation):
     top_p: JsonFloat | None = Field(default=None, gt=0, le=1)
     top_k: JsonInt | None = Field(default=None, ge=1)
     metadata: Metadata | None = None
-
-    @model_validator(mode="after")
-    def _budget_below_max_tokens(self) -> MessagesRequest:
-        budget = self.thinking.budget_tokens if self.thinking is not None else None
-        if budget is not None and budget >= self.max_tokens:
-            raise ValueError("thinking.budget_tokens must be less than max_tokens")
-        return self
 
 
 class CountTokensRequest(_Conversation):

@@ -133,6 +133,14 @@ def _thinking(
             code="unsupported_parameter",
             param="thinking",
         )
+    max_tokens = request.max_tokens if isinstance(request, MessagesRequest) else None
+    budget = thinking.budget_tokens if thinking is not None else None
+    if budget is not None and max_tokens is not None and budget >= max_tokens:
+        raise InvalidRequestError(
+            "thinking.budget_tokens must be less than max_tokens.",
+            code="invalid_value",
+            param="thinking.budget_tokens",
+        )
     if thinking is not None and thinking.budget_tokens is not None:
         ignored.append("thinking.budget_tokens")  # the engine has no thinking budget
     if reasoning.controllable:
@@ -166,6 +174,12 @@ def chat_tools(tools: list[Tool] | None) -> list[dict[str, Any]]:
 
 
 def _apply_tool_choice(body: dict[str, Any], choice: ToolChoice, has_tools: bool) -> None:
+    if choice.type == "tool" and not choice.name:
+        raise InvalidRequestError(
+            "tool_choice.name is required when type is 'tool'.",
+            code="missing_required_parameter",
+            param="tool_choice.name",
+        )
     if choice.type in ("any", "tool") and not has_tools:
         raise InvalidRequestError(
             f"tool_choice '{choice.type}' needs tools.", code="invalid_value", param="tool_choice"

@@ -501,3 +501,21 @@ async def test_messages_are_in_the_openapi_document(gateway: GatewayHarness) -> 
     assert "post" in document["paths"]["/v1/messages/count_tokens"]
     schema = document["components"]["schemas"]["MessagesRequest"]
     assert "max_tokens" in schema["required"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"tool_choice": {"type": "tool"}, "tools": [{"name": "f", "input_schema": {}}]}, "name"),
+        ({"tool_choice": {"type": "any"}}, "needs tools"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 2000}}, "budget_tokens"),
+    ],
+)
+async def test_rules_the_schema_cannot_state_are_400(
+    gateway: GatewayHarness, extra: dict[str, Any], named: str
+) -> None:
+    body = request("scripted-reasoner", "x", max_tokens=1500, **extra)
+    async with gateway.client(gateway.keys["user"]) as http:
+        resp = await http.post("/v1/messages", json=body)
+    assert resp.status_code == 400
+    assert named in resp.json()["error"]["message"]
