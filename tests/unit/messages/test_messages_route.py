@@ -472,6 +472,8 @@ async def test_ledger_equals_the_equivalent_chat_call(gateway: GatewayHarness) -
         for r in rows
     }
     assert len(shapes) == 1  # same tokens, same price, same route in the ledger
+    message_id = via_messages.json()["id"]
+    assert "chatcmpl-" + message_id.removeprefix("msg_") in {r.request_id for r in rows}
     usage = via_messages.json()["usage"]
     assert (usage["input_tokens"], usage["output_tokens"]) == (
         rows[0].prompt_tokens,
