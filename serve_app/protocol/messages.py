@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from serve_app.protocol.common import JsonBool, JsonFloat, JsonInt
+from serve_app.protocol.common import JsonBool, JsonFloat, JsonInt, first_unencodable
 from serve_app.protocol.errors import GatewayError
 
 MESSAGES_PATH = "/v1/messages"
@@ -115,6 +115,11 @@ class _Conversation(BaseModel):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
+
+    def unencodable_field(self) -> str | None:
+        """As on chat (``SamplingFields.unencodable_field``): the first text that is not valid
+        Unicode, field names included, as a ``param`` path."""
+        return first_unencodable(self.model_dump(exclude_unset=True))
 
 
 class MessagesRequest(_Conversation):

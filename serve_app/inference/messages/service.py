@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from serve_app.auth.principal import Principal
 from serve_app.inference.answers import Answer, Body, FrameStream
 from serve_app.inference.chat.service import TextService
+from serve_app.inference.chat.translate import reject_unencodable
 from serve_app.inference.messages.render import PING, StreamRenderer, event, message_body
 from serve_app.inference.messages.translate import STOP_IN_OUTPUT, ChatPlan, to_chat
 from serve_app.inference.streams import aclose_quietly
@@ -67,6 +68,7 @@ class MessagesService:
     async def create(
         self, body: MessagesRequest, principal: Principal, betas: Iterable[str] = ()
     ) -> Answer:
+        reject_unencodable(body)
         model = await self.text.resolve(body.model, principal)
         plan = to_chat(body, model)
         answer = await self.text.chat(_chat_request(plan), principal)
@@ -83,6 +85,7 @@ class MessagesService:
     ) -> Body:
         """The prompt's tokens as the model's head renders them (template and tools
         included); nothing is generated, so nothing is billed."""
+        reject_unencodable(body)
         model = await self.text.resolve(body.model, principal)
         plan = to_chat(body, model)
         plan.body["max_tokens"] = 1

@@ -521,3 +521,19 @@ async def test_rules_the_schema_cannot_state_are_400(
         resp = await http.post("/v1/messages", json=body)
     assert resp.status_code == 400
     assert named in resp.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "scripted-chat", "max_tokens": 4, "messages": [{"role": "user", "content": "\\ud800"}]}',  # noqa: E501
+        b'{"model": "scripted-chat", "max_tokens": 4, "\\ud800": 1, "messages": [{"role": "user", "content": "x"}]}',  # noqa: E501
+    ],
+)
+async def test_text_that_is_not_unicode_is_400_not_500(gateway: GatewayHarness, raw: bytes) -> None:
+    async with gateway.client(gateway.keys["user"]) as http:
+        for path in ("/v1/messages", "/v1/messages/count_tokens"):
+            resp = await http.post(path, content=raw, headers={"content-type": "application/json"})
+            assert resp.status_code == 400, resp.text
+            assert resp.json()["error"]["type"] == "invalid_request_error"
+            assert "nicode" in resp.json()["error"]["message"]
