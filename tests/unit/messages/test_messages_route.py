@@ -537,3 +537,15 @@ async def test_text_that_is_not_unicode_is_400_not_500(gateway: GatewayHarness, 
             assert resp.status_code == 400, resp.text
             assert resp.json()["error"]["type"] == "invalid_request_error"
             assert "nicode" in resp.json()["error"]["message"]
+
+
+async def test_external_models_follow_the_catalog_rules(gateway: GatewayHarness) -> None:
+    body = request("external-chat", "hi")
+    async with gateway.client(gateway.keys["user"]) as http:
+        refused = await http.post("/v1/messages", json=body)  # org without external providers
+    async with gateway.client(gateway.keys["external"]) as http:
+        unreachable = await http.post("/v1/messages", json=body)  # provider at a closed port
+    assert refused.status_code == 403
+    assert refused.json()["error"]["type"] == "permission_error"
+    assert unreachable.status_code >= 500
+    assert unreachable.json()["type"] == "error"
