@@ -50,7 +50,10 @@ def _ledger_row(request_id: str) -> dict[str, Any]:
 def test_create_and_count_tokens(serve_stack: ServeStack) -> None:
     client = _client(serve_stack)
     message = client.messages.create(
-        model=SMOLLM, max_tokens=12, temperature=0, messages=[{"role": "user", "content": PROMPT}]
+        model=SMOLLM,
+        max_tokens=12,
+        extra_body={"temperature": 0},
+        messages=[{"role": "user", "content": PROMPT}],
     )
     text = "".join(b.text for b in message.content if b.type == "text")
     assert "Paris" in text
@@ -66,7 +69,10 @@ def test_create_and_count_tokens(serve_stack: ServeStack) -> None:
 def test_stream_events_and_cached_tokens(serve_stack: ServeStack) -> None:
     client = _client(serve_stack)
     with client.messages.stream(
-        model=SMOLLM, max_tokens=8, temperature=0, messages=[{"role": "user", "content": PROMPT}]
+        model=SMOLLM,
+        max_tokens=8,
+        extra_body={"temperature": 0},
+        messages=[{"role": "user", "content": PROMPT}],
     ) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_message()
@@ -96,8 +102,11 @@ def test_errors_are_anthropic_exceptions(serve_stack: ServeStack) -> None:
 
 
 def test_ledger_equals_the_equivalent_chat_call(serve_stack: ServeStack) -> None:
-    message = _client(serve_stack).messages.create(
-        model=SMOLLM, max_tokens=6, temperature=0, messages=[_user("Name a colour.")]
+    message = _client(serve_stack).messages.create(  # the SDK (2.x) sets temperature as extra
+        model=SMOLLM,
+        max_tokens=6,
+        extra_body={"temperature": 0},
+        messages=[_user("Name a colour.")],
     )
     chat = serve_stack.openai().chat.completions.create(
         model=SMOLLM, max_tokens=6, temperature=0, messages=[_user("Name a colour.")]
