@@ -36,6 +36,7 @@ from serve_app.routes import (
     embeddings,
     files,
     health,
+    messages,
     models,
     responses,
     session,
@@ -64,6 +65,7 @@ def api_routes() -> tuple[BaseRoute, ...]:
         chat,
         completions,
         responses,
+        messages,
         audio,
         document,
         embeddings,
@@ -94,7 +96,9 @@ def create_app(
         strict_content_type=STRICT_CONTENT_TYPE,
         description=(
             "OpenAI-compatible inference API. Authenticate with `Authorization: Bearer "
-            "<key>`. Errors use the envelope `{error: {message, type, code, param}}`."
+            "<key>`. Errors use the envelope `{error: {message, type, code, param}}`. "
+            "Anthropic's Messages API is served under `/v1/messages` (key as `x-api-key` or "
+            "Bearer; errors in Anthropic's envelope `{type: error, error: {type, message}}`)."
         ),
     )
     app.state.gateway = state

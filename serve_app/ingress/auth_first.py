@@ -94,4 +94,4 @@ def _caller_dependencies(dependant: Dependant) -> list[CallerDependency]:
 
 async def _refuse(err: GatewayError, scope: Scope, receive: Receive, send: Send) -> None:
     err.headers.setdefault("Connection", "close")  # the body was never read
-    await error_response(err)(scope, receive, send)
+    await error_response(err, str(scope.get("path", "")))(scope, receive, send)

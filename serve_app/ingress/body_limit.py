@@ -102,7 +102,7 @@ class BodyLimitMiddleware:
             f"The request body is larger than the limit of {limit} bytes.",
             headers={"Connection": "close"},
         )
-        await error_response(err)(scope, receive, send)
+        await error_response(err, scope.get("path"))(scope, receive, send)
 
 
 def _content_length(scope: Scope) -> int | None:

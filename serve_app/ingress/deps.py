@@ -58,11 +58,16 @@ def known_caller(scope: Scope) -> Principal | None:
 
 
 async def _authenticate(request: Request) -> Principal:
+    return await _authenticated_as(request, request.headers.get("authorization"))
+
+
+async def _authenticated_as(request: Request, header: str | None) -> Principal:
+    """The caller ``header`` names, verified once per request (see ``PRE_BODY_REUSE_S``)."""
     known = request.scope.get(PRINCIPAL_SCOPE_KEY)
     if known is not None and time.monotonic() - known[1] < PRE_BODY_REUSE_S:
         principal: Principal = known[0]
         return principal
-    principal = await _verify(request)
+    principal = await _verify(request, header)
     request.scope[PRINCIPAL_SCOPE_KEY] = (principal, time.monotonic())
     return principal
 
@@ -84,8 +89,7 @@ async def _session(request: Request) -> Session:
     return session
 
 
-async def _verify(request: Request) -> Principal:
-    header = request.headers.get("authorization")
+async def _verify(request: Request, header: str | None) -> Principal:
     if header is None and SESSION_COOKIE in request.cookies:
         return (await _session(request)).principal
     state: GatewayState = request.app.state.gateway
@@ -108,6 +112,24 @@ async def inference_caller(request: Request) -> Principal:
 
 
 InferenceCaller = Annotated[Principal, Depends(inference_caller)]
+
+
+async def messages_caller(request: Request) -> Principal:
+    """An ``inference`` caller as Anthropic clients authenticate: ``x-api-key: <key>``, or
+    ``Authorization: Bearer <key>`` (docs/reference/messages.md#authentication)."""
+    header = request.headers.get("authorization")
+    api_key = request.headers.get("x-api-key")
+    if not header and api_key:
+        header = f"Bearer {api_key}"
+    principal = await _authenticated_as(request, header)
+    if SCOPE_INFERENCE not in principal.scopes:
+        raise PermissionDeniedError(
+            "This key is not granted the 'inference' scope.", code="insufficient_scope"
+        )
+    return principal
+
+
+MessagesCaller = Annotated[Principal, Depends(messages_caller)]
 
 
 async def dedicated_caller(request: Request) -> Principal:
@@ -157,5 +179,7 @@ AdminSession = Annotated[Session, Depends(admin_session)]
 Dashboard = Annotated[DashboardServices, Depends(dashboard_services)]
 
 
-PRE_BODY_CALLERS = frozenset({_authenticate, inference_caller, dedicated_caller, session_caller})
+PRE_BODY_CALLERS = frozenset(
+    {_authenticate, inference_caller, messages_caller, dedicated_caller, session_caller}
+)
 """The caller dependencies ``AuthFirstMiddleware`` runs before the body is read."""

@@ -1,5 +1,9 @@
 """The one error mapper: every failure becomes the API's envelope (docs/reference/common.md).
 
+Under ``/v1/messages`` (Anthropic's Messages API) the same errors are written in
+Anthropic's envelope instead, with its types (docs/reference/messages.md#errors);
+the choice is made here, by the request's path, for every source of an error.
+
 Framework errors included: an unknown route is a 404, a wrong method a 405,
 malformed JSON and schema violations a 400 (not FastAPI's 422) naming the
 offending parameter in ``messages[0].role`` form.
@@ -21,6 +25,7 @@ from serve_app.protocol.errors import (
     ModelUnavailableError,
     NotFoundError,
 )
+from serve_app.protocol.messages import anthropic_envelope, is_messages_path
 from serve_app.protocol.validation import param_from_loc, validation_error
 from serve_app.storage.db import UNREACHABLE_ERRORS
 
@@ -39,8 +44,18 @@ _BODY_PARSE_FAILED = "There was an error parsing the body"
 than ``JSONDecodeError`` (``UnicodeDecodeError``, ``RecursionError``)."""
 
 
-def error_response(err: GatewayError) -> JSONResponse:
-    return JSONResponse(err.envelope(), status_code=err.status_code, headers=err.headers)
+_RETRYABLE = (429, 503, 529)
+
+
+def error_response(err: GatewayError, path: str | None = None) -> JSONResponse:
+    """``err`` as the answer to a request for ``path`` (Anthropic's envelope under
+    ``/v1/messages``, where a retryable status always carries ``retry-after``)."""
+    if path is None or not is_messages_path(path):
+        return JSONResponse(err.envelope(), status_code=err.status_code, headers=err.headers)
+    headers = dict(err.headers)
+    if err.status_code in _RETRYABLE and not any(k.lower() == "retry-after" for k in headers):
+        headers["retry-after"] = "1"
+    return JSONResponse(anthropic_envelope(err), status_code=err.status_code, headers=headers)
 
 
 def database_unreachable_error() -> ModelUnavailableError:
@@ -57,13 +72,13 @@ def validation_to_error(exc: RequestValidationError) -> InvalidRequestError:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    async def on_gateway_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_gateway_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, GatewayError)
-        return error_response(exc)
+        return error_response(exc, request.url.path)
 
-    async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return error_response(validation_to_error(exc))
+        return error_response(validation_to_error(exc), request.url.path)
 
     async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
@@ -87,16 +102,17 @@ def install_error_handlers(app: FastAPI) -> None:
             err = GatewayError(str(exc.detail), status_code=exc.status_code)
             err.error_type = "invalid_request_error" if exc.status_code < 500 else "api_error"
         err.headers.update(dict(exc.headers or {}))
-        return error_response(err)
+        return error_response(err, request.url.path)
 
-    async def on_database_unreachable(_: Request, exc: Exception) -> JSONResponse:
+    async def on_database_unreachable(request: Request, exc: Exception) -> JSONResponse:
         logger.warning("database unreachable: %s", exc)
-        return error_response(database_unreachable_error())
+        return error_response(database_unreachable_error(), request.url.path)
 
-    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error", exc_info=exc)
         return error_response(
-            GatewayError("The server had an internal error.", code="internal_error")
+            GatewayError("The server had an internal error.", code="internal_error"),
+            request.url.path,
         )
 
     app.add_exception_handler(GatewayError, on_gateway_error)

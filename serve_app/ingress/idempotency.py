@@ -107,7 +107,7 @@ class IdempotencyMiddleware:
                 code="invalid_idempotency_key",
                 param="Idempotency-Key",
             )
-            await error_response(err)(scope, receive, send)
+            await error_response(err, scope.get("path"))(scope, receive, send)
             return
         body = await _spool_body(receive)
         if body is None:
@@ -229,7 +229,7 @@ async def _replay(answer: StoredAnswer, send: Send) -> None:
 
 
 async def _refuse(err: GatewayError, scope: Scope, receive: Receive, send: Send) -> None:
-    await error_response(err)(scope, receive, send)
+    await error_response(err, scope.get("path"))(scope, receive, send)
 
 
 def _reused() -> InvalidRequestError:

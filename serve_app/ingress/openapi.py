@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from serve_app.protocol.errors import ErrorEnvelope
+from serve_app.protocol.messages import AnthropicErrorEnvelope
 
 _STATUSES = {
     400: "Invalid request",
@@ -31,6 +32,12 @@ _STATUSES = {
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorEnvelope, "description": text} for status, text in _STATUSES.items()
 }
+
+ANTHROPIC_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": AnthropicErrorEnvelope, "description": text}
+    for status, text in _STATUSES.items()
+}
+"""The same statuses in Anthropic's envelope (the ``/v1/messages`` routes)."""
 
 
 def install_openapi(app: FastAPI) -> None:

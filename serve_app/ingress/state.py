@@ -7,6 +7,7 @@ plain ``TestClient`` with in-process heads.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,6 +27,7 @@ from serve_app.inference.chat.service import TextService
 from serve_app.inference.chat.tools import ToolChatService
 from serve_app.inference.documents.service import DocumentService
 from serve_app.inference.embeddings.service import EmbeddingService
+from serve_app.inference.messages.service import MessagesService
 from serve_app.inference.responses.service import ResponsesService
 from serve_app.inference.video.service import VideoService
 from serve_app.ingress.replays import ReplayStore
@@ -81,3 +83,9 @@ class GatewayState:
     batch_worker: BatchWorker | None = None  # None when args.batches.enabled is false
     dedicated: Dedicated | None = None  # None when args.dedicated.enabled is false
     dashboard: DashboardServices | None = None  # None: no sessions (API keys only)
+
+    @functools.cached_property
+    def messages(self) -> MessagesService:
+        """Anthropic's Messages API (docs/reference/messages.md): a view of ``text``, which
+        does all the work (limits, ledger, heads), so it is built from it, not wired apart."""
+        return MessagesService(self.text)

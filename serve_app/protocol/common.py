@@ -179,6 +179,11 @@ class SamplingFields(BaseModel):
         return next(_unencodable_paths(self.model_dump(exclude_unset=True), ""), None)
 
 
+def first_unencodable(value: Any) -> str | None:
+    """``SamplingFields.unencodable_field`` for any dumped body (the Messages API's)."""
+    return next(_unencodable_paths(value, ""), None)
+
+
 def _unencodable_paths(value: Any, path: str) -> Iterator[str]:
     if isinstance(value, str):
         if not value.isascii() and not _encodable(value):

@@ -102,7 +102,8 @@ class ScriptedEngine(TextEngine):
         )
 
     def supported_extra_params(self) -> frozenset[str]:
-        return frozenset(self.config.get("extra_params", ["top_k", "min_p"]))
+        default = ["top_k", "min_p", "include_stop_str_in_output"]
+        return frozenset(self.config.get("extra_params", default))
 
     def _ids(self, text: str) -> list[int]:
         ids = []
@@ -208,8 +209,9 @@ class ScriptedEngine(TextEngine):
                 reply = f"[{adapter}] {reply}"
             tokens = reply.split()
             stop_hit = any(s in tokens for s in sampling.stop)
+            keep_stop = bool(sampling.extra.get("include_stop_str_in_output"))
             for i, word in enumerate(tokens):
-                if word in sampling.stop:
+                if word in sampling.stop and not keep_stop:
                     break
                 if fail_after is not None and i >= fail_after:
                     raise ScriptedEngineError("scripted failure mid-stream")
@@ -223,6 +225,8 @@ class ScriptedEngine(TextEngine):
                     completion_tokens=produced,
                     logprobs=word_logprobs(piece, sampling),
                 )
+                if word in sampling.stop:
+                    break  # vLLM's include_stop_str_in_output: the stop string, then the end
             finish = "length" if produced >= sampling.max_tokens and not stop_hit else "stop"
             yield TextDelta(choice, finish_reason=finish, completion_tokens=produced)
             total += produced

@@ -253,6 +253,14 @@ class TextService:
         self.readiness.note_answering(head_id)
         return started
 
+    async def prompt_tokens(self, body: ChatCompletionRequest, model: CatalogModel) -> int:
+        """The prompt's token count as ``model``'s head renders it; the head's stream is
+        closed on its acceptance, before anything is generated (``/v1/messages/count_tokens``)."""
+        translated = await translate_chat(body, model, self.images)
+        started, events = await self._begin(model, translated.head_request)
+        await aclose_quietly(events)
+        return started.prompt_tokens
+
     # The server-tool loop and the responses route open turns the same way.
     async def open_turn(
         self, meta: RequestMeta, request: HeadRequest

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from serve_app.catalog.catalog import honours_structured_outputs
 from serve_app.catalog.config import CatalogModel
@@ -32,7 +32,14 @@ class Translated:
     ignored_params: list[str] = field(default_factory=list)
 
 
-def reject_unencodable(body: SamplingFields) -> None:
+class CheckedText(Protocol):
+    """A body that can name its first text that is not valid Unicode (chat, completions,
+    the Messages API)."""
+
+    def unencodable_field(self) -> str | None: ...
+
+
+def reject_unencodable(body: CheckedText) -> None:
     """400 for text that is not valid Unicode (a lone UTF-16 surrogate escaped in JSON).
 
     Checked first, on every chat and completion request, because such text would

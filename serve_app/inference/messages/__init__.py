@@ -1,0 +1,1 @@
+"""Anthropic's Messages API over the chat service: translation, answers, streams."""
