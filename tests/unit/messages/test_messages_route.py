@@ -16,7 +16,7 @@ from PIL import Image
 
 from serve_app.ingress.app import create_app
 from serve_app.limits.memory import InProcessCounterStore
-from tests.fixtures.gateway import GatewayHarness, HarnessFactory
+from tests.fixtures.gateway import GatewayHarness, HarnessFactory, add_keys
 from tests.fixtures.limits import ManualClock
 from tests.unit.ingress.leaving_client import stream_then_leave
 from tests.unit.messages.helpers import ledger_rows, named_events, request, sdk, user
@@ -122,7 +122,9 @@ async def test_unknown_route_under_messages_is_anthropic_404(gateway: GatewayHar
 async def test_body_over_the_limit_is_request_too_large(sync_gateway: GatewayHarness) -> None:
     small = create_app(sync_gateway.app.state.gateway, max_body_bytes=2048)
     transport = httpx.ASGITransport(app=small)
-    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+    add_keys(sync_gateway)
+    key = {"x-api-key": sync_gateway.keys["user"]}  # a keyless body is a 401 before any read
+    async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=key) as http:
         resp = await http.post("/v1/messages", json=request(CHAT, "x" * 5000))
     assert resp.status_code == 413
     assert resp.json()["error"]["type"] == "request_too_large"
