@@ -166,12 +166,13 @@ def test_tools_round_trip_on_the_tool_model(serve_stack: ServeStack) -> None:
 @pytest.mark.heads(QWEN)
 def test_a_claude_code_turn_streams(serve_stack: ServeStack) -> None:
     """The written Claude-Code-shaped main turn (tests/fixtures/claude_code_requests.py), with
-    ``max_tokens`` cut from 32000 to 24, its twelve tools to three and its long instruction
+    ``max_tokens`` cut from 32000 to 24, its twelve tools to one and its long instruction
     block left out: with it (even with three tools) the 1.5B tool model did not give its first
-    token within the stack's 180 s on two shared CPU cores (a 504). The whole set is replayed
+    token within the stack's 180 s on two shared CPU cores (a 504); three tools without it
+    took 177 s on a busy box. The whole set is replayed
     on scripted heads (tests/unit/messages/test_claude_code_replay.py)."""
     body = {**main_turn(QWEN), "max_tokens": 24}
-    body["tools"] = body["tools"][1:4]  # Bash, Glob, Grep
+    body["tools"] = body["tools"][1:2]  # Bash
     body["system"] = body["system"][:2]  # the billing header and the identity line
     headers = {**HEADERS, "x-api-key": serve_stack.key}
     names: list[str] = []
