@@ -92,6 +92,9 @@ def pending(request: Any, model_id: str = "") -> PendingRequest:
 def make_router(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(prefix_aware_router, "ray", _NoRay)
     loop = asyncio.new_event_loop()
+    # The router asks for the thread's current loop when built; an earlier test's
+    # ``asyncio.run`` leaves the main thread with none.
+    asyncio.set_event_loop(loop)
 
     def make(
         queues: dict[str, int], imbalance: int = 4
@@ -112,6 +115,7 @@ def make_router(monkeypatch: pytest.MonkeyPatch) -> Any:
 
     yield make
     loop.run_until_complete(_cancel_pending())
+    asyncio.set_event_loop(None)
     loop.close()
 
 
