@@ -19,8 +19,12 @@ import argparse
 import asyncio
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.fixtures
 
 from ray.llm._internal.serve.routing_policies.prefix_aware import prefix_aware_router
 from ray.serve._private.common import DeploymentHandleSource, RequestMetadata
@@ -30,12 +34,12 @@ from ray.serve.request_router import PendingRequest
 
 from deployments.text.prefix_router import (
     ChatPrefixRouter,
-    FastPrefixTree,
     FastPrefixTreeActor,
     router_kwargs,
     routing_text,
 )
 from serve_app.contract.text import HeadRequest, PromptSpec, SamplingSpec
+from tests.fixtures.prefix_tree import LocalTree, NoRay
 
 WORDS = [
     "plan",
@@ -92,27 +96,6 @@ def agent_requests(sessions: int, turns: int, seed: int = 7) -> list[HeadRequest
     return requests
 
 
-class _Call:
-    def __init__(self, method: Any) -> None:
-        self.remote = method
-
-
-class LocalTree:
-    """Ray's ``PrefixTree`` in process behind the actor's calling convention."""
-
-    def __init__(self) -> None:
-        self.tree = FastPrefixTree()
-
-    def __getattr__(self, name: str) -> _Call:
-        return _Call(getattr(self.tree, name))
-
-
-class _NoRay:
-    @staticmethod
-    def get(value: Any) -> Any:
-        return value
-
-
 def _pending(request: HeadRequest) -> PendingRequest:
     meta = RequestMetadata(request_id=request.request_id, internal_request_id="r")
     return PendingRequest(args=[request], kwargs={}, metadata=meta)
@@ -128,7 +111,7 @@ def make_router(kind: str, tree: str, replicas: list[FakeRunningReplica]) -> Any
     if kind == "prefix":
         tree_actor = None
         if tree == "local":
-            prefix_aware_router.ray = _NoRay  # type: ignore[assignment]
+            prefix_aware_router.ray = NoRay  # type: ignore[assignment]
             tree_actor: Any = LocalTree()
         else:
             tree_actor = FastPrefixTreeActor.remote()

@@ -30,31 +30,9 @@ from deployments.text.prefix_router import (
 from serve_app.contract.adapters import AdapterRef
 from serve_app.contract.text import HeadRequest, PromptSpec, SamplingSpec
 from tests.fixtures.gateway import GatewayHarness
+from tests.fixtures.prefix_tree import LocalTree, NoRay
 
 SYSTEM = "You are a careful agent. " * 40
-
-
-class _Call:
-    def __init__(self, method: Any) -> None:
-        self.remote = method
-
-
-class LocalTree:
-    """Ray's ``PrefixTree`` behind the actor calling convention (``x.method.remote``)."""
-
-    def __init__(self) -> None:
-        self.tree = FastPrefixTree()
-
-    def __getattr__(self, name: str) -> _Call:
-        return _Call(getattr(self.tree, name))
-
-
-class _NoRay:
-    """``ray`` as the router module sees it: ``get`` of an already computed value."""
-
-    @staticmethod
-    def get(value: Any) -> Any:
-        return value
 
 
 def chat_request(
@@ -90,7 +68,7 @@ def pending(request: Any, model_id: str = "") -> PendingRequest:
 
 @pytest.fixture
 def make_router(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setattr(prefix_aware_router, "ray", _NoRay)
+    monkeypatch.setattr(prefix_aware_router, "ray", NoRay)
     loop = asyncio.new_event_loop()
     # The router asks for the thread's current loop when built; an earlier test's
     # ``asyncio.run`` leaves the main thread with none.
