@@ -79,11 +79,22 @@ async def dashboard_services(request: Request) -> DashboardServices:
     return state.dashboard
 
 
+SESSION_SCOPE_KEY = "gateway.session"
+"""Where the ASGI scope carries the session found before the body, as
+``PRINCIPAL_SCOPE_KEY`` carries a key's caller: ``(Session, time.monotonic())``."""
+
+
 async def _session(request: Request) -> Session:
-    """The request's live session (401 ``invalid_session``), CSRF checked on writes."""
-    session = await (await dashboard_services(request)).sessions.current(
-        request.cookies.get(SESSION_COOKIE)
-    )
+    """The request's live session (401 ``invalid_session``), CSRF checked on writes; read
+    once per request (``AuthFirstMiddleware`` finds it first when the request has a body)."""
+    known = request.scope.get(SESSION_SCOPE_KEY)
+    if known is not None and time.monotonic() - known[1] < PRE_BODY_REUSE_S:
+        session: Session = known[0]
+    else:
+        session = await (await dashboard_services(request)).sessions.current(
+            request.cookies.get(SESSION_COOKIE)
+        )
+        request.scope[SESSION_SCOPE_KEY] = (session, time.monotonic())
     require_csrf(session, request.method, request.headers.get(CSRF_HEADER))
     request.state.session = session
     return session
