@@ -95,12 +95,15 @@ def head_application(
     if model.head == "transcription" and max_audio_seconds is not None:
         return head.bind(model.id, model.engine.backend, model.engine.config, max_audio_seconds)
     if model.head == "chat":
+        config = model.engine.config
+        if model.adapter_head_id is not None:  # adapters have their own head: no LoRA here
+            config = {k: v for k, v in config.items() if k != "lora"}
         # Heads serving LoRA adapters fetch uploaded ones from the gateway's store.
-        objects = open_head_objects if model.engine.config.get("lora") is not None else None
+        objects = open_head_objects if config.get("lora") is not None else None
         return head.bind(
             model.id,
             model.engine.backend,
-            model.engine.config,
+            config,
             spec.stream_batch_ms,
             open_adapter_objects=objects,
         )
@@ -113,6 +116,50 @@ def head_application(
             open_worker_stores,
         )
     return head.bind(model.id, model.engine.backend, model.engine.config)
+
+
+ADAPTER_HEAD_AUTOSCALING: dict[str, Any] = {
+    "min_replicas": 0,
+    "initial_replicas": 0,
+    "max_replicas": 1,
+    "upscale_delay_s": 0,
+    "downscale_delay_s": 600,
+    "downscale_to_zero_delay_s": 600,
+}
+"""An adapter head sleeps until the first adapter request and after 10 idle minutes, as
+the catalog's secondary heads do (configs/catalog/local.yaml)."""
+
+
+def adapter_head_application(model: CatalogModel) -> Application | None:
+    """The LoRA-enabled head serving ``model``'s adapters (``<deployment>-lora``), where the
+    model's own head runs without LoRA (``deployment.adapters_head: separate``); else None.
+
+    Why a second deployment: vLLM's LoRA layers run their gathers and einsums on every
+    linear layer for every token, adapter or not, so LoRA on the base model's replicas
+    cost base traffic ~10% of its tokens/s (bench/RESULTS.md, "LoRA and base traffic").
+    This head sleeps when idle and is counted by the memory budget like any sleeping head
+    (``serve_app.heads.budget.budget_heads``); one replica, Serve's multiplexing choosing
+    among nothing, so no request router.
+    """
+    head_id = model.adapter_head_id
+    if head_id is None:
+        return None
+    spec = model.deployment
+    options: dict[str, Any] = {
+        "name": model.head_deployments()[head_id],
+        "max_ongoing_requests": spec.max_ongoing_requests,
+        "ray_actor_options": spec.ray_actor_options,
+        "health_check_period_s": spec.health_check_period_s,
+        "health_check_timeout_s": spec.health_check_timeout_s,
+        "autoscaling_config": with_sleep_policy(ADAPTER_HEAD_AUTOSCALING),
+    }
+    return ChatHead.options(**options).bind(  # type: ignore[attr-defined]
+        model.id,
+        model.engine.backend,
+        model.engine.config,
+        spec.stream_batch_ms,
+        open_adapter_objects=open_head_objects,
+    )
 
 
 def may_scale_out(spec: DeploymentSpec) -> bool:
@@ -157,6 +204,9 @@ def build_gateway_app(args: dict[str, Any]) -> Application:
         )
         if app is not None:
             heads[model.id] = app
+        adapters = adapter_head_application(model)
+        if adapters is not None and model.adapter_head_id is not None:
+            heads[model.adapter_head_id] = adapters
     ingress = config.ingress
     runner = tool_runner_application(
         config.tool_runner, config.tools.code_interpreter.model_dump(), production=production

@@ -451,7 +451,7 @@ def budget_keeper(
         return [m for m, s in status().items() if s.state in (READY, WARMING)]
 
     return BudgetKeeper(
-        budget_heads(m for m in config.catalog if m.id in deployments),
+        {h: b for h, b in budget_heads(config.catalog).items() if h in deployments},
         settings.resolved_memory_budget_gib(),
         awake,
         RaySleepOrders(app_name, deployments),
@@ -474,7 +474,12 @@ async def build_replica(
     clients = ray_head_clients(config.catalog, handles)
     chat: dict[str, HeadClient] = dict(clients.chat)
     chat.update({m.id: ExternalHeadClient(m) for m in config.catalog if m.is_external})
-    deployments = {m.id: m.deployment_name() for m in config.catalog if m.id in handles}
+    deployments = {  # head id -> deployment: a model's own head, and its adapter head
+        head: name
+        for m in config.catalog
+        for head, name in m.head_deployments().items()
+        if head in handles
+    }
     settings = get_settings()
     if config.deployment_mode == "production":  # each replica's own environment counts
         require_production_ready(settings, stand_in_refusals(config.catalog))

@@ -116,8 +116,10 @@ class ChatHeadCore:
                 yield event
 
     def adapter_base(self) -> BaseShapes | None:
-        """What the gateway checks uploads against; None where no adapter is served."""
-        return self.engine.adapter_base() if self.adapters is not None else None
+        """What the gateway checks uploads against: the engine's base model layers, also
+        where this head serves no adapter itself (a model's separate adapter head has the
+        same layers and may be asleep); None where the engine cannot tell."""
+        return self.engine.adapter_base()
 
     async def forget_adapter(self, key: str, held: bool = False) -> ForgetReply:
         """A deleted adapter: unload it and drop its cached files (``ForgetReply``);

@@ -308,8 +308,10 @@ class VLLMEngine(TextEngine):
         return self.config.lora
 
     def adapter_base(self) -> BaseShapes | None:
-        """From the model's (text) config as vLLM loaded it."""
-        if self._engine is None or self.config.lora is None:
+        """From the model's (text) config as vLLM loaded it; with or without ``lora``: a
+        head without LoRA answers for its model's separate adapter head, which may sleep
+        (the gateway asks only about models whose catalog entry has ``lora``)."""
+        if self._engine is None:
             return None
         return base_shapes(self._engine.model_config.hf_text_config.to_dict())
 

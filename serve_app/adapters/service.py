@@ -258,6 +258,8 @@ class AdapterService:
         known = self._bases.get(base_id)
         if known is not None:
             return known
+        # The model's own head: awake (an adapter head may sleep, and a call would wake it
+        # past the memory budget), and its layers are the adapter head's.
         ask = getattr(self.heads.get(base_id), "adapter_base", None)
         shapes = await ask() if ask is not None else None
         if not isinstance(shapes, BaseShapes):
@@ -302,7 +304,7 @@ class AdapterService:
         record = await asyncio.to_thread(self.store.delete, principal.org_id, name)
         if record is None:
             raise adapter_not_found(name)
-        head = self.heads.get(record.base_model)
+        head = self.heads.get(self._adapter_head(record.base_model))
         forget = getattr(head, "forget_adapter", None)
         if forget is not None:
             try:
@@ -311,6 +313,11 @@ class AdapterService:
                 logger.warning("head %s kept deleted adapter %s: %s", record.base_model, name, err)
         await asyncio.to_thread(self._delete_files, record)
         return AdapterDeleted(id=record.id, name=record.name)
+
+    def _adapter_head(self, base_id: str) -> str:
+        """The head serving ``base_id``'s adapters: its adapter head where it has one."""
+        base = self.catalog.get(base_id)
+        return (base.adapter_head_id if base is not None else None) or base_id
 
     def _operators(self) -> list[AdapterModel]:
         return self.catalog.operator_adapters()

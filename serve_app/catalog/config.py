@@ -19,6 +19,8 @@ Modality = Literal["text", "image", "audio", "video", "embedding", "score", "jso
 ReasoningFormat = Literal["none", "think_tags", "harmony"]
 ScoreKind = Literal["bi-encoder", "cross-encoder"]
 Routing = Literal["prefix", "pow2"]
+ADAPTER_HEAD_SUFFIX = "+lora"
+"""A chat model's adapter head id is its id and this (a character no model id contains)."""
 DEMO_TIER = "demo"
 """Tier of random-weight stand-ins: they run the real code path, their output means nothing."""
 
@@ -175,6 +177,14 @@ class DeploymentSpec(_Strict):
         description="routing 'prefix': characters of prompts the router remembers across "
         "replicas before it forgets the least recently used.",
     )
+    adapters_head: Literal["separate", "shared"] = Field(
+        default="separate",
+        description="Chat heads whose engine config has `lora`: 'separate' serves base-model "
+        "requests from replicas without LoRA (vLLM's LoRA layers cost every request, adapter "
+        "or not) and adapter requests from a second deployment, `<deployment>-lora`, that "
+        "sleeps when idle; 'shared' serves both from the same LoRA-enabled replicas "
+        "(docs/tuning.md#adapters-and-base-traffic).",
+    )
 
 
 class AdapterPricing(_Strict):
@@ -284,6 +294,8 @@ class CatalogModel(_Strict):
             self._pooling_consistent()
         if self.adapters:
             self._adapters_consistent()
+        if self.id.endswith(ADAPTER_HEAD_SUFFIX):
+            raise ValueError(f"{self.id}: ids ending in {ADAPTER_HEAD_SUFFIX!r} name adapter heads")
         if self.deployment.routing == "prefix" and self.head != "chat":
             raise ValueError(f"{self.id}: deployment.routing 'prefix' is for chat heads only")
         return self
@@ -331,6 +343,20 @@ class CatalogModel(_Strict):
         return None
 
     @property
+    def adapter_head_id(self) -> str | None:
+        """The head that serves this model's adapters when it is not the model's own head:
+        ``<id>+lora`` for a chat model with ``lora`` and ``deployment.adapters_head``
+        'separate' (its own head then runs without LoRA); else None."""
+        return self._adapter_head_of(self.id)
+
+    def _adapter_head_of(self, base_id: str) -> str | None:
+        separate = self.deployment.adapters_head == "separate"
+        lora = self.engine.config.get("lora") is not None
+        if self.head != "chat" or self.is_external or not lora or not separate:
+            return None
+        return f"{base_id}{ADAPTER_HEAD_SUFFIX}"
+
+    @property
     def routing(self) -> Routing:
         """The head's request routing: as configured, else 'prefix' for chat heads."""
         if self.deployment.routing is not None:
@@ -341,6 +367,14 @@ class CatalogModel(_Strict):
         """Ray Serve deployment name, shown on the dashboard."""
         safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in self.id)
         return f"{self.head}-{safe}"
+
+    def head_deployments(self) -> dict[str, str]:
+        """Head id -> Ray Serve deployment name, for every head this model runs: its own,
+        and its adapter head where it has one (``adapter_head_id``)."""
+        heads = {self.id: self.deployment_name()}
+        if self.adapter_head_id is not None:
+            heads[self.adapter_head_id] = f"{self.deployment_name()}-lora"
+        return heads
 
 
 class AdapterModel(CatalogModel):
@@ -357,7 +391,13 @@ class AdapterModel(CatalogModel):
 
     @property
     def head_id(self) -> str:
-        return self.base_id
+        """The base model's adapter head where it has one, else the base model's head (the
+        adapter model carries the base's engine and deployment settings)."""
+        return self._adapter_head_of(self.base_id) or self.base_id
+
+    @property
+    def adapter_head_id(self) -> str | None:
+        return None  # an adapter has no adapters of its own
 
     @property
     def adapter_ref(self) -> AdapterRef | None:

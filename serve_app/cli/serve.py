@@ -363,9 +363,10 @@ class HeadWatch:
 
 
 def _head_deployments(app: dict[str, Any]) -> dict[str, str]:
-    """Model id -> its head's deployment name, for the catalog models that have a head."""
+    """Head id -> its deployment name, for the catalog models that have a head (and their
+    adapter heads: ``CatalogModel.head_deployments``)."""
     catalog = GatewayAppArgs.model_validate(app.get("args") or {}).catalog
-    return {m.id: m.deployment_name() for m in catalog if not m.is_external}
+    return {h: d for m in catalog if not m.is_external for h, d in m.head_deployments().items()}
 
 
 class Preflight:

@@ -278,6 +278,9 @@ class _CatalogEntry(Protocol):
     @property
     def deployment(self) -> object: ...
 
+    @property
+    def adapter_head_id(self) -> str | None: ...
+
 
 def sleeps_when_idle(autoscaling: Mapping[str, object] | None) -> bool:
     """Whether a head's autoscaling lets Serve scale it to zero (its only way to sleep)."""
@@ -285,7 +288,12 @@ def sleeps_when_idle(autoscaling: Mapping[str, object] | None) -> bool:
 
 
 def budget_heads(models: Iterable[_CatalogEntry]) -> dict[str, BudgetHead]:
-    """The catalog's own heads as the budget counts them (external models hold nothing here)."""
+    """The catalog's own heads as the budget counts them (external models hold nothing here).
+
+    A chat model's separate adapter head (``adapter_head_id``) counts as one more head of
+    the model's ``memory_gib`` (declared LoRA slots included), always evictable: it sleeps
+    when idle whatever the model's own head does, and pinning is for base traffic.
+    """
     heads: dict[str, BudgetHead] = {}
     for model in models:
         if model.is_external or model.head_id != model.id:
@@ -296,4 +304,7 @@ def budget_heads(models: Iterable[_CatalogEntry]) -> dict[str, BudgetHead]:
             model.memory_gib or 0.0,
             evictable=sleeps_when_idle(autoscaling) and not model.pinned,
         )
+        adapters = model.adapter_head_id
+        if adapters is not None:
+            heads[adapters] = BudgetHead(adapters, model.memory_gib or 0.0, evictable=True)
     return heads

@@ -400,6 +400,9 @@ def ray_head_clients(catalog: Iterable[CatalogModel], handles: Mapping[str, Any]
         client = RayHeadClient(model.id, handles[model.id])
         if model.head == "chat":
             clients.chat[model.id] = client
+            adapters = model.adapter_head_id  # its adapters' own head, requests' ``head_id``
+            if adapters is not None and adapters in handles:
+                clients.chat[adapters] = RayHeadClient(model.id, handles[adapters])
         elif model.head == "speech":
             clients.speech[model.id] = client
         elif model.head == "transcription":
