@@ -28,7 +28,13 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import chat_once, free_port, pct
-from bench.gateway_stack import MODEL, gateway_config, start_gateway, wait_gateway
+from bench.gateway_stack import (
+    MODEL,
+    gateway_config,
+    start_gateway,
+    wait_answering,
+    wait_gateway,
+)
 from bench.servers import descendants, stop_tree
 
 ADAPTER = f"{MODEL}:json"
@@ -104,6 +110,11 @@ def main() -> int:
     try:
         url = f"http://127.0.0.1:{port}"
         wait_gateway(url, key, proc, work / "gateway.log", args.start_timeout_s)
+        # The adapter head sleeps until the first adapter request (503 model_warming
+        # meanwhile): wake it before measuring (docs/reference/adapters.md#serving).
+        adapter = {"model": ADAPTER, "messages": [{"role": "user", "content": "hi"}]}
+        probe = ("/v1/chat/completions", {**adapter, "max_tokens": 2})
+        wait_answering(url, key, proc, args.start_timeout_s, "adapter head", probe)
         seen = descendants(proc.pid)
         result: dict[str, object] = asyncio.run(_measure(url, key, args))
     finally:

@@ -1,0 +1,86 @@
+"""bench/prefix_routing.py without a stack: its config, its traces' shape, its arithmetic."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from bench import prefix_routing as bench
+from serve_app.config import GatewayAppArgs
+
+
+def test_two_deployments_alike_but_for_routing(tmp_path: Path) -> None:
+    args = bench.parse_args(["--kv-mib", "512"])
+    config = yaml.safe_load(bench.write_config(tmp_path / "g.yaml", args).read_text())
+    catalog = GatewayAppArgs.model_validate(config["applications"][0]["args"]).catalog
+    assert [m.id for m in catalog] == list(bench.MODES.values())
+    assert [m.routing for m in catalog] == list(bench.MODES)
+    for model in catalog:
+        assert model.deployment.num_replicas == 2
+        assert "lora" not in model.engine.config and not model.adapters
+        assert model.engine.config["kv_cache_memory_bytes"] == 512 * 1024**2
+
+
+def _server(seen: list[list[dict[str, str]]]) -> httpx.MockTransport:
+    """A chat server streaming one answer and usage (prompt tokens: the characters sent)."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(body["messages"])
+        size = sum(len(m["content"]) for m in body["messages"])
+        chunks: list[dict[str, Any]] = [
+            {"choices": [{"delta": {"content": "ok"}}]},
+            {
+                "choices": [],
+                "usage": {
+                    "prompt_tokens": size,
+                    "completion_tokens": 1,
+                    "prompt_tokens_details": {"cached_tokens": size // 2},
+                },
+            },
+        ]
+        text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+
+    return httpx.MockTransport(handler)
+
+
+def test_sessions_resend_a_growing_history_of_their_own() -> None:
+    args = bench.parse_args(["--sessions", "3", "--turns", "4"])
+    seen: list[list[dict[str, str]]] = []
+
+    async def run() -> list[bench.Turn]:
+        async with httpx.AsyncClient(transport=_server(seen), base_url="http://x") as client:
+            return (await bench.agent_trace(client, "m", 0, args))[0]
+
+    turns = asyncio.run(run())
+    assert len(turns) == 12 and all(t.cached_tokens == t.prompt_tokens // 2 for t in turns)
+    systems = {m[0]["content"] for m in seen}
+    assert len(systems) == 3  # each session its own system prompt
+    for system in systems:
+        history = sorted((m for m in seen if m[0]["content"] == system), key=len)
+        assert [len(h) for h in history] == [2, 4, 6, 8]
+        for shorter, longer in itertools.pairwise(history):
+            assert longer[: len(shorter)] == shorter  # the earlier turn is a prefix
+            assert longer[len(shorter)] == {"role": "assistant", "content": "ok"}
+
+
+def test_hit_rate_and_ratios() -> None:
+    figures = {
+        "prefix": bench.ModeFigures([bench.Turn(0.1, 1000, 900, 16)] * 4, 2.0).summary(),
+        "pow2": bench.ModeFigures([bench.Turn(0.4, 1000, 300, 16)] * 4, 4.0).summary(),
+    }
+    compared = bench._compare(figures)
+    assert figures["prefix"]["hit_rate"] == 0.9 and figures["pow2"]["tokens_per_s"] == 16.0
+    assert compared["prefix_over_pow2"] == {
+        "ttft_p50_ms": 0.25,
+        "ttft_p95_ms": 0.25,
+        "tokens_per_s": 2.0,
+        "hit_rate": 3.0,
+    }
