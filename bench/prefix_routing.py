@@ -22,7 +22,7 @@ time, and the prefix-cache hit rate, cached prompt tokens / prompt tokens, both 
 usage the gateway reports. The peak PSS of the whole stack is sampled meanwhile, and per
 deployment, so one mode's stack (shared processes plus its two replicas) can be read off.
 
-``--kv-mib`` sizes each engine's KV cache. The default 640 MiB (~14,500 tokens of
+``--kv-mib`` sizes each engine's KV cache. The default 576 MiB (~13,100 tokens of
 SmolLM2's float32 cache) holds the histories of half the sessions, which is what prefix
 routing leaves on each replica, but not of all of them, which is what power of two
 choices leaves on each; the catalog's 256 MiB holds neither, and then both modes
@@ -54,7 +54,14 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import free_port, host_facts, pct
-from bench.gateway_stack import ENGINE, MODEL, gateway_config, start_gateway, wait_gateway
+from bench.gateway_stack import (
+    ENGINE,
+    MODEL,
+    gateway_config,
+    start_gateway,
+    wait_answering,
+    wait_gateway,
+)
 from bench.servers import descendants, stop_tree
 
 REPO = Path(__file__).resolve().parent.parent
@@ -302,7 +309,7 @@ def write_config(target: Path, args: argparse.Namespace) -> Path:
 class MemorySampler(threading.Thread):
     """Peak PSS of the stack's process tree, in all and per chat deployment."""
 
-    def __init__(self, root: int, every_s: float = 2.0) -> None:
+    def __init__(self, root: int, every_s: float = 5.0) -> None:
         super().__init__(daemon=True)
         self.root, self.every_s = root, every_s
         self.peak_gib = 0.0
@@ -351,7 +358,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--system-words", type=int, default=420)
     parser.add_argument("--user-words", type=int, default=30)
     parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--kv-mib", type=int, default=640)
+    parser.add_argument("--kv-mib", type=int, default=576)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--start-timeout-s", type=float, default=900.0)
     parser.add_argument("--timeout-s", type=int, default=1800)
@@ -382,6 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         url = f"http://127.0.0.1:{port}"
         wait_gateway(url, key, proc, work / "gateway.log", args.start_timeout_s)
+        for model in MODES.values():  # both deployments, every replica started
+            hi = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            wait_answering(
+                url, key, proc, args.start_timeout_s, model, ("/v1/chat/completions", hi)
+            )
         seen = descendants(proc.pid)
         sampler.start()
         results = asyncio.run(run_traces(url, key, args))
