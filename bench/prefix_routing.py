@@ -330,7 +330,7 @@ class MemorySampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
-            total, groups = 0.0, {}
+            total, groups = 0.0, dict[str, float]()
             for proc in descendants(self.root):
                 try:
                     pss = proc.memory_full_info().pss / 1024**3

@@ -76,6 +76,7 @@ def test_the_base_head_runs_without_lora_and_the_adapter_head_with_it() -> None:
     args, kwargs = _init(adapters)
     assert args[2]["lora"] == LORA and kwargs["open_adapter_objects"] is not None
     autoscaling = adapters._bound_deployment._deployment_config.autoscaling_config
+    assert autoscaling is not None
     assert autoscaling.min_replicas == 0 and autoscaling.initial_replicas == 0  # sleeps
     shared = head_application(chat(adapters_head="shared"))
     assert shared is not None and _init(shared)[0][2]["lora"] == LORA
