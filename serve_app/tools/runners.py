@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from serve_app.contract.chat import ToolCallDelta
 from serve_app.contract.sandbox import CodeRun, SandboxUnavailableError
-from serve_app.contract.text import ToolCallDelta
 from serve_app.protocol.responses import ServerToolCallItem, ServerToolItemType
 from serve_app.tools.citations import SourceList
 from serve_app.tools.config import ToolsOptions

@@ -393,21 +393,21 @@ def test_the_checker_names_each_cycle_with_its_imports(
 
 UPWARD = {
     "deployments/head.py": "def f():\n    from serve_app.jobs.store import JobStore\n",
-    "deployments/text/x.py": "import serve_app.settings\n",
-    "deployments/text/y.py": "from serve_app import settings\n",
-    "deployments/text/z.py": "import importlib\nimportlib.import_module('serve_app.storage')\n",
+    "deployments/chat/x.py": "import serve_app.settings\n",
+    "deployments/chat/y.py": "from serve_app import settings\n",
+    "deployments/chat/z.py": "import importlib\nimportlib.import_module('serve_app.storage')\n",
     "serve_app/contract/a.py": "from typing import TYPE_CHECKING\n"
-    "if TYPE_CHECKING:\n    from deployments.text.base import TextEngine\n",
+    "if TYPE_CHECKING:\n    from deployments.chat.base import TextEngine\n",
     "serve_app/contract/b.py": "from ..settings import get_settings\n",
     "serve_app/protocol/c.py": "from deployments.video import base\n",
     "serve_app/billing/d.py": "from serve_app.inference.metering import MeteredRequest\n",
     "serve_app/storage/__init__.py": "from . import x\nfrom ..routes import chat\n",
     "serve_app/inference/e.py": "from serve_app.routes.chat import router\n",
-    "serve_app/heads/f.py": "def f():\n    from deployments.text.head import ChatHeadCore\n",
+    "serve_app/heads/f.py": "def f():\n    from deployments.chat.head import ChatHeadCore\n",
     "serve_app/dedicated/g.py": "from deployments.dedicated_head import DedicatedHead\n",
     "serve_app/ingress/h.py": "import deployments.replica_logging\n",
     "serve_app/heads/i.py": "from serve_app.inference.metering import Metering\n",
-    "serve_app/inference/j.py": "from serve_app.ingress.deps import caller\n",
+    "serve_app/inference/j.py": "from serve_app.requests.deps import caller\n",
     "serve_app/tools/k.py": "def f():\n    import serve_app.ingress\n",
     "serve_app/tools/l.py": "from serve_app.inference.metering import MeteredRequest\n",
     "serve_app/outbound/m.py": "from ..inference import images\n",
@@ -415,7 +415,7 @@ UPWARD = {
     "serve_app/batches/o.py": "def f():\n    import starlette.responses\n",
 }
 ALLOWED = {
-    "deployments/ok.py": "from serve_app.contract.text import TextDelta\n"
+    "deployments/ok.py": "from serve_app.contract.chat import TextDelta\n"
     "from serve_app import contract\nimport serve_app.contract.errors\n",
     "serve_app/contract/ok.py": "from serve_app.contract.errors import HeadFailure\n"
     "from .errors import GatewayError\nimport pydantic\n",
@@ -426,14 +426,14 @@ ALLOWED = {
     "serve_app/inference/ok.py": "from serve_app.tools.runners import ToolBox\n"
     "from serve_app.outbound import safe_get\n",
     "serve_app/tools/ok.py": "from serve_app.outbound import AddressGuard\n"
-    "from serve_app.contract.text import ToolCallDelta\n",
+    "from serve_app.contract.chat import ToolCallDelta\n",
     "serve_app/billing/ok.py": "from serve_app.storage.db import Database\n"
     "from serve_app.catalog.config import PricingConfig\n",
     "serve_app/composition.py": "from deployments.sandbox.bwrap import BwrapSandbox\n"
     "from serve_app.heads.client import RayHeadClient\n",
-    "serve_app/builders.py": "from deployments.text.head import ChatHead\n",
-    "serve_app/cli/ok.py": "from deployments.models.prepared_models import ensure_model\n",
-    "serve_app/heads/ok.py": "from serve_app.contract.text import HeadEvent\n"
+    "serve_app/builders.py": "from deployments.chat.head import ChatHead\n",
+    "serve_app/cli/ok.py": "from deployments.local_models.prepared_models import ensure_model\n",
+    "serve_app/heads/ok.py": "from serve_app.contract.chat import HeadEvent\n"
     "from serve_app.catalog.config import CatalogModel\n",
     "serve_app/dedicated/ok.py": "from serve_app.heads.client import HeadClient\n",
 }
@@ -445,10 +445,10 @@ ALLOWED = {
         pytest.param(
             UPWARD,
             [
+                "deployments/chat/x.py:1",
+                "deployments/chat/y.py:1",
+                "deployments/chat/z.py:2",
                 "deployments/head.py:2",
-                "deployments/text/x.py:1",
-                "deployments/text/y.py:1",
-                "deployments/text/z.py:2",
                 "serve_app/batches/o.py:2",
                 "serve_app/billing/d.py:1",
                 "serve_app/contract/a.py:3",
