@@ -44,7 +44,7 @@ from serve_app.batches.worker import BatchWorker
 from serve_app.billing.reports import UsageReports
 from serve_app.catalog.catalog import Catalog
 from serve_app.catalog.config import CatalogModel
-from serve_app.config import GatewayAppArgs
+from serve_app.config import REPO_ROOT, GatewayAppArgs
 from serve_app.dedicated.api.facade import Dedicated, build_dedicated
 from serve_app.dedicated.control.backend import ServeBackend
 from serve_app.dedicated.control.ray_backend import RayServeBackend
@@ -353,6 +353,7 @@ def _tools(
         config.tools,
         settings.state_dir,
         sandbox=sandbox or BwrapSandbox(config.tools.code_interpreter, strict_network=production),
+        seed_root=REPO_ROOT,
     )
 
 
