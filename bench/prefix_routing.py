@@ -2,7 +2,7 @@
 
 One ``gateway run`` serves two chat deployments of the same prepared SmolLM2, two replicas
 each, alike in everything but their routing: ``smollm2-135m-instruct`` with ``routing:
-prefix`` (deployments/text/prefix_router.py) and ``smollm2-135m-instruct-pow2`` with
+prefix`` (deployments/chat/prefix_router.py) and ``smollm2-135m-instruct-pow2`` with
 Serve's default power of two choices. Both come from the local catalog's entry (engine
 settings of bench/gateway_stack.py ``ENGINE``), without its ``lora`` block: base traffic
 is served by heads without LoRA (issue 43 item 4).
