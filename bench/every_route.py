@@ -35,6 +35,7 @@ from bench.memory_budget import (  # noqa: E402
     GiB,
     Sampler,
     chat,
+    machine_used,
     oom_kills,
     start_gateway_run,
     stop_gateway_run,
@@ -118,7 +119,7 @@ def main() -> int:
     proc, base = start_gateway_run(args.config, state)
     sampler = Sampler(proc.pid, period_s=2.0)
     sampler.start()
-    failures = 0
+    failures = calls_made = 0
     try:
         wait_ready(proc, state / "gateway-run.log", args.deadline_s)
         key = mint_key(f"sqlite:///{state / 'gateway.db'}")
@@ -126,22 +127,28 @@ def main() -> int:
         routes = calls({})
         headers = {"Authorization": f"Bearer {key}"}
         with httpx.Client(base_url=base, headers=headers, timeout=600) as http:
-            for round_ in range(1, args.rounds + 1):
-                for model, head in catalog_heads(args.config):
-                    status, warming, took = call_until_answered(
-                        http, routes[head], model, args.deadline_s
-                    )
-                    failures += status not in (200, 202)
-                    stack = sum(sampler.snapshot().values()) / GiB
-                    print(
-                        f"round {round_} {head:<13} {model:<34} {status} after {warming} x 503 "
-                        f"in {took:6.1f} s; stack {stack:5.2f} GiB",
-                        flush=True,
-                    )
+            try:
+                for round_ in range(1, args.rounds + 1):
+                    for model, head in catalog_heads(args.config):
+                        status, warming, took = call_until_answered(
+                            http, routes[head], model, args.deadline_s
+                        )
+                        failures += status not in (200, 202)
+                        calls_made += 1
+                        stack = sum(sampler.snapshot().values()) / GiB
+                        print(
+                            f"round {round_} {head:<13} {model:<34} {status} after {warming} "
+                            f"x 503 in {took:6.1f} s; stack {stack:5.2f} GiB; machine used "
+                            f"{machine_used() / GiB:5.2f} GiB",
+                            flush=True,
+                        )
+            except KeyboardInterrupt:  # cut short (a time limit): the figures so far still count
+                print(f"cut short after {calls_made} calls", flush=True)
         print(
             f"peak: stack {sampler.peak_stack / GiB:.2f} GiB PSS, machine used "
             f"{sampler.peak_used / GiB:.2f} GiB; Ray OOM kills: {oom_kills(wall_start)}; "
-            f"calls not answered: {failures}"
+            f"calls not answered: {failures} of {calls_made}; "
+            f"{(time.time() - wall_start) / 60:.1f} min"
         )
         print(f"gateway run log: {state / 'gateway-run.log'}")
     finally:
