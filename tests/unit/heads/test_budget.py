@@ -128,7 +128,12 @@ class Lease:
 
 
 def keeper(
-    serve: Serve, orders: Orders, clock: Clock, budget: float, lease=None, heads=None
+    serve: Serve,
+    orders: Orders,
+    clock: Clock,
+    budget: float,
+    lease: Lease | None = None,
+    heads: dict[str, BudgetHead] | None = None,
 ) -> BudgetKeeper:
     return BudgetKeeper(
         HEADS if heads is None else heads,
