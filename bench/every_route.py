@@ -39,6 +39,7 @@ from bench.memory_budget import (  # noqa: E402
     oom_kills,
     start_gateway_run,
     stop_gateway_run,
+    table,
     wait_ready,
 )
 from bench.servers import mint_key  # noqa: E402
@@ -56,9 +57,16 @@ def _png() -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def calls(speech: dict[str, bytes]) -> dict[str, Call]:
-    """Head kind -> one call of its route (``speech`` keeps the last WAV for transcription)."""
+def calls(speech: dict[str, bytes], table_models: set[str]) -> dict[str, Call]:
+    """Head kind -> one call of its route (``speech`` keeps the last WAV for transcription;
+    ``table_models``: parse models that read tables in ``table_bboxes``, given the page)."""
     image = _png()
+
+    def parse_call(http: httpx.Client, model: str) -> httpx.Response:
+        body: dict[str, Any] = {"model": model, "image": image}
+        if model in table_models:
+            body["table_bboxes"] = [[0, 0, 256, 128]]
+        return http.post("/v1/parse", json=body)
 
     def chat_call(http: httpx.Client, model: str) -> httpx.Response:
         body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
@@ -80,7 +88,7 @@ def calls(speech: dict[str, bytes]) -> dict[str, Call]:
         "speech": speech_call,
         "transcription": transcription_call,
         "detect": lambda http, m: http.post("/v1/detect", json={"model": m, "image": image}),
-        "parse": lambda http, m: http.post("/v1/parse", json={"model": m, "image": image}),
+        "parse": parse_call,
         "video": lambda http, m: http.post(
             "/v1/video/generations", json={"model": m, "prompt": "a red ball", "fps": 8}
         ),
@@ -107,6 +115,15 @@ def catalog_heads(config: str) -> list[tuple[str, str]]:
     return [(m.id, m.head) for m in models if not m.is_external and m.head_id == m.id]
 
 
+def table_structure_models(config: str) -> set[str]:
+    """Parse models of CONFIG that need ``table_bboxes`` (the documents service's rule)."""
+    from serve_app.cli.serve import _catalog_models, load_serve_config
+    from serve_app.inference.documents.service import TABLE_STRUCTURE
+
+    models = _catalog_models(load_serve_config(config))
+    return {m.id for m in models if m.head == "parse" and TABLE_STRUCTURE in m.specialties}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/local.yaml")
@@ -124,7 +141,7 @@ def main() -> int:
         wait_ready(proc, state / "gateway-run.log", args.deadline_s)
         key = mint_key(f"sqlite:///{state / 'gateway.db'}")
         chat(base, key, FIRST_MODEL, args.deadline_s)
-        routes = calls({})
+        routes = calls({}, table_structure_models(args.config))
         headers = {"Authorization": f"Bearer {key}"}
         with httpx.Client(base_url=base, headers=headers, timeout=600) as http:
             try:
@@ -150,6 +167,8 @@ def main() -> int:
             f"calls not answered: {failures} of {calls_made}; "
             f"{(time.time() - wall_start) / 60:.1f} min"
         )
+        print(f"at the stack's peak ({sampler.peak_at:.0f} s after launch):")
+        print(table(sampler.peak_groups), flush=True)
         print(f"gateway run log: {state / 'gateway-run.log'}")
     finally:
         sampler.stop()
