@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import base64
 import io
+import signal
 import sys
 import tempfile
 import time
@@ -160,6 +161,9 @@ def main() -> int:
                             flush=True,
                         )
             except KeyboardInterrupt:  # cut short (a time limit): the figures so far still count
+                # `timeout -s INT` signals the process and its group: a second SIGINT would
+                # cut the summary below off too.
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
                 print(f"cut short after {calls_made} calls", flush=True)
         print(
             f"peak: stack {sampler.peak_stack / GiB:.2f} GiB PSS, machine used "
