@@ -85,7 +85,9 @@ def head_application(
         "health_check_timeout_s": spec.health_check_timeout_s,
     }
     if spec.autoscaling_config is not None:  # a head that sleeps also obeys sleep orders
-        options["autoscaling_config"] = with_sleep_policy(spec.autoscaling_config)
+        options["autoscaling_config"] = with_sleep_policy(
+            spec.autoscaling_config, pinned=model.pinned
+        )
     else:
         options["num_replicas"] = spec.num_replicas
     router = request_router_config(model)

@@ -54,7 +54,7 @@ from serve_app.dedicated.routing.router import DedicatedRouter
 from serve_app.dedicated.store import DedicatedStore
 from serve_app.files.service import FilePolicy, FileService
 from serve_app.files.store import FileStore
-from serve_app.heads.budget import BudgetKeeper, budget_heads
+from serve_app.heads.budget import BudgetKeeper, budget_heads, honour_pins
 from serve_app.heads.client import (
     DocumentClient,
     HeadClient,
@@ -451,9 +451,21 @@ def budget_keeper(
     def awake() -> list[str]:
         return [m for m, s in status().items() if s.state in (READY, WARMING)]
 
+    budget = settings.resolved_memory_budget_gib()
+    catalog = [m for m in config.catalog if m.id in deployments]
+    pins = honour_pins(budget_heads(catalog), budget)
+    for model_id in pins.dropped:
+        logger.warning(
+            "pin of head %s dropped: it does not fit the memory budget (%.1f GiB) beside the "
+            "largest sleeping head %s; it is put to sleep like the others when a head needs "
+            "its room (docs/deployment.md, 'Memory budget')",
+            model_id,
+            budget,
+            pins.largest.model_id if pins.largest is not None else "-",
+        )
     return BudgetKeeper(
-        budget_heads(m for m in config.catalog if m.id in deployments),
-        settings.resolved_memory_budget_gib(),
+        budget_heads(catalog, budget),
+        budget,
         awake,
         RaySleepOrders(app_name, deployments),
         StoreLease(DedicatedStore(database), BUDGET_LEASE),
