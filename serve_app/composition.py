@@ -177,7 +177,15 @@ def build_state(
         tool_chat=ToolChatService(text, tools),
         documents=_documents(config, catalog, document_heads, readiness, images, metering),
         video=_video(
-            config, catalog, video_heads, readiness, database, objects, settings, metering
+            config,
+            catalog,
+            video_heads,
+            readiness,
+            database,
+            objects,
+            settings,
+            metering,
+            quotas=adapters.quotas,  # one bound: files, adapters and videos
         ),
         embeddings=_embeddings(config, catalog, pooling_heads or {}, readiness, metering, router),
         replays=build_replay_store(settings.redis_url, prefix=config.limits.redis_prefix),
@@ -327,9 +335,11 @@ def _video(
     objects: ObjectStore,
     settings: GatewaySettings,
     metering: Metering,
+    *,
+    quotas: StorageQuotas,
 ) -> VideoService:
     """Video generation is a job: its rows in the database, its results in the object
-    store behind expiring URLs."""
+    store behind expiring URLs, counted in the organization's stored bytes (``quotas``)."""
     return VideoService(
         catalog,
         heads or {},
@@ -340,6 +350,7 @@ def _video(
         url_expiry_s=settings.object_url_expiry_s,
         public_base_url=settings.public_base_url,
         metering=metering,
+        quotas=quotas,
     )
 
 
