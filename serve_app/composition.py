@@ -167,7 +167,8 @@ def build_state(
     adapters = _adapters(config, catalog, database, objects, heads)
     text = _text(config, catalog, heads, readiness, images, metering, router, adapters)
     tools = _tools(config, settings, sandbox)
-    files = _files(config, database, objects, adapters.quotas)  # one bound: files + adapters
+    quotas = adapters.quotas  # one storage bound: files, adapters and videos
+    files = _files(config, database, objects, quotas)
     state = GatewayState(
         catalog=catalog,
         auth=_auth(database, settings),
@@ -177,15 +178,7 @@ def build_state(
         tool_chat=ToolChatService(text, tools),
         documents=_documents(config, catalog, document_heads, readiness, images, metering),
         video=_video(
-            config,
-            catalog,
-            video_heads,
-            readiness,
-            database,
-            objects,
-            settings,
-            metering,
-            quotas=adapters.quotas,  # one bound: files, adapters and videos
+            config, catalog, video_heads, readiness, database, objects, settings, metering, quotas
         ),
         embeddings=_embeddings(config, catalog, pooling_heads or {}, readiness, metering, router),
         replays=build_replay_store(settings.redis_url, prefix=config.limits.redis_prefix),
@@ -335,7 +328,6 @@ def _video(
     objects: ObjectStore,
     settings: GatewaySettings,
     metering: Metering,
-    *,
     quotas: StorageQuotas,
 ) -> VideoService:
     """Video generation is a job: its rows in the database, its results in the object
