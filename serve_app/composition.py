@@ -167,8 +167,7 @@ def build_state(
     adapters = _adapters(config, catalog, database, objects, heads)
     text = _text(config, catalog, heads, readiness, images, metering, router, adapters)
     tools = _tools(config, settings, sandbox)
-    quotas = adapters.quotas  # one storage bound: files, adapters and videos
-    files = _files(config, database, objects, quotas)
+    files = _files(config, database, objects, adapters.quotas)  # one bound: files + adapters
     state = GatewayState(
         catalog=catalog,
         auth=_auth(database, settings),
@@ -178,7 +177,7 @@ def build_state(
         tool_chat=ToolChatService(text, tools),
         documents=_documents(config, catalog, document_heads, readiness, images, metering),
         video=_video(
-            config, catalog, video_heads, readiness, database, objects, settings, metering, quotas
+            config, catalog, video_heads, readiness, database, objects, settings, metering
         ),
         embeddings=_embeddings(config, catalog, pooling_heads or {}, readiness, metering, router),
         replays=build_replay_store(settings.redis_url, prefix=config.limits.redis_prefix),
@@ -328,10 +327,9 @@ def _video(
     objects: ObjectStore,
     settings: GatewaySettings,
     metering: Metering,
-    quotas: StorageQuotas,
 ) -> VideoService:
     """Video generation is a job: its rows in the database, its results in the object
-    store behind expiring URLs, counted in the organization's stored bytes (``quotas``)."""
+    store behind expiring URLs, counted in the organization's stored bytes."""
     return VideoService(
         catalog,
         heads or {},
@@ -342,7 +340,7 @@ def _video(
         url_expiry_s=settings.object_url_expiry_s,
         public_base_url=settings.public_base_url,
         metering=metering,
-        quotas=quotas,
+        quotas=_storage_quotas(config, database),  # videos count with files and adapters
     )
 
 
@@ -381,11 +379,16 @@ def _adapters(
 ) -> AdapterService:
     """Organizations' adapters, under the per-organization bounds on stored bytes and
     objects that its files share (``storage_quota``)."""
+    quotas = _storage_quotas(config, database)
+    return AdapterService(catalog, AdapterStore(database), objects, heads, quotas=quotas)
+
+
+def _storage_quotas(config: GatewayAppArgs, database: Database) -> StorageQuotas:
+    """The per-organization bound on stored bytes and objects (``storage_quota``): files,
+    adapters and videos; its usage is read from their rows, so every holder agrees."""
     options = config.storage_quota
     limits = StorageLimits(options.max_bytes_per_org, options.max_objects_per_org)
-    return AdapterService(
-        catalog, AdapterStore(database), objects, heads, quotas=StorageQuotas(database, limits)
-    )
+    return StorageQuotas(database, limits)
 
 
 def _embeddings(
