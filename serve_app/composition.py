@@ -329,7 +329,7 @@ def _video(
     metering: Metering,
 ) -> VideoService:
     """Video generation is a job: its rows in the database, its results in the object
-    store behind expiring URLs."""
+    store behind expiring URLs, counted in the organization's stored bytes."""
     return VideoService(
         catalog,
         heads or {},
@@ -340,6 +340,7 @@ def _video(
         url_expiry_s=settings.object_url_expiry_s,
         public_base_url=settings.public_base_url,
         metering=metering,
+        quotas=_storage_quotas(config, database),  # videos count with files and adapters
     )
 
 
@@ -379,11 +380,16 @@ def _adapters(
 ) -> AdapterService:
     """Organizations' adapters, under the per-organization bounds on stored bytes and
     objects that its files share (``storage_quota``)."""
+    quotas = _storage_quotas(config, database)
+    return AdapterService(catalog, AdapterStore(database), objects, heads, quotas=quotas)
+
+
+def _storage_quotas(config: GatewayAppArgs, database: Database) -> StorageQuotas:
+    """The per-organization bound on stored bytes and objects (``storage_quota``): files,
+    adapters and videos; its usage is read from their rows, so every holder agrees."""
     options = config.storage_quota
     limits = StorageLimits(options.max_bytes_per_org, options.max_objects_per_org)
-    return AdapterService(
-        catalog, AdapterStore(database), objects, heads, quotas=StorageQuotas(database, limits)
-    )
+    return StorageQuotas(database, limits)
 
 
 def _embeddings(

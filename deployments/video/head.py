@@ -200,7 +200,7 @@ class VideoHeadCore(Generic[JobT]):
         seconds = round(len(video.frames) / video.fps, 3)
         gen_seconds = round(time.monotonic() - started, 3)
         done = await asyncio.to_thread(
-            self.jobs.complete, job, self.worker_id, key, seconds, gen_seconds
+            self.jobs.complete, job, self.worker_id, key, seconds, gen_seconds, len(data)
         )
         if done:
             logger.info("job %s completed: %.2f s of video in %.1f s", job.id, seconds, gen_seconds)

@@ -137,6 +137,23 @@ class JobStore:
             )
         return self.get(job_id, owner)
 
+    def delete(self, job_id: str, owner: JobOwner) -> VideoJob | None:
+        """Remove the owner's job, whatever its status; returns it as it was (None: not
+        theirs). A worker still rendering it finds it gone: its heartbeat stops it, and a
+        completion that matches no row removes the uploaded file (``deployments.video.head``)."""
+        with self._write() as conn:
+            row = (
+                conn.execute(
+                    sa.select(video_jobs).where(c.id == job_id, *_owned_by(owner)).with_for_update()
+                )
+                .mappings()
+                .first()
+            )
+            if row is None:
+                return None
+            conn.execute(sa.delete(video_jobs).where(c.id == job_id))
+        return VideoJob.from_row(row)
+
     # ---- the video head's worker ------------------------------------------------------
     def claim_next(self, model: str, worker: str) -> VideoJob | None:
         """Take the oldest queued job of ``model`` for ``worker`` (running), or None."""
@@ -170,10 +187,17 @@ class JobStore:
             )
 
     def complete(
-        self, job: VideoJob, worker: str, object_key: str, seconds: float, gen_seconds: float
+        self,
+        job: VideoJob,
+        worker: str,
+        object_key: str,
+        seconds: float,
+        gen_seconds: float,
+        stored_bytes: int | None = None,
     ) -> bool:
         """Mark the job completed and bill its seconds, together; False if it was not
-        running for ``worker`` any more (cancelled or reconciled meanwhile)."""
+        running for ``worker`` any more (cancelled, reconciled or deleted meanwhile).
+        ``stored_bytes``, the MP4's size, counts in the organization's storage quota."""
         now = self.now()
         with self._write() as conn:
             done = conn.execute(
@@ -184,6 +208,7 @@ class JobStore:
                     object_key=object_key,
                     seconds=seconds,
                     gen_seconds=gen_seconds,
+                    bytes=stored_bytes,
                     finished_at=now,
                     heartbeat_at=now,
                 )
