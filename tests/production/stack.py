@@ -241,6 +241,9 @@ def running_stack(admin_url: str, workdir: Path) -> Iterator[ProductionStack]:
     try:
         redis.start()
         s3.start()
+        db.migrate()  # before `gateway run` (it migrates too): never two migrations at once
+        accounts = AccountStore(db, pepper="")
+        admin_key = accounts.create_key("prod-admin", "prod-admin-org")
         env = stack_env(database_url, redis.url, s3, workdir / "state", mark)
         command = [sys.executable, "-m", "serve_app.cli", "run", "--config", str(CONFIG)]
         command += ["--ingress", "proxy", "--port", str(port), "--no-dashboard", "--skip-check"]
@@ -254,8 +257,6 @@ def running_stack(admin_url: str, workdir: Path) -> Iterator[ProductionStack]:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        db.migrate()  # also done by `gateway run`; idempotent, and the key below needs it
-        accounts = AccountStore(db, pepper="")
         stack = ProductionStack(
             base_url=f"http://127.0.0.1:{port}",
             database_url=database_url,
@@ -264,7 +265,7 @@ def running_stack(admin_url: str, workdir: Path) -> Iterator[ProductionStack]:
             mark=mark,
             db=db,
             accounts=accounts,
-            admin_key=accounts.create_key("prod-admin", "prod-admin-org"),
+            admin_key=admin_key,
         )
         _wait_ready(stack, process)
         yield stack

@@ -123,7 +123,7 @@ def test_a_key_revoked_through_one_replica_is_refused_by_the_other(
         signed = browser.post("/api/session", json={"username": "revoker", "password": password})
         assert signed.status_code == 200, signed.text
         browser.headers["X-CSRF-Token"] = signed.json()["csrf_token"]
-        revoked = browser.delete(f"/api/keys/{info.id}")
+        revoked = browser.delete(f"/api/keys/{info.key_id}")
     assert revoked.status_code == 200, revoked.text
     revoking = replica(revoked)
     with prod_stack.http(key) as http:
