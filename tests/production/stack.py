@@ -40,8 +40,11 @@ EMBED = "all-minilm-l6-v2"
 BUCKET = "gw-prod-stack"
 STACK_MARK = "GATEWAY_PROD_STACK_MARK"
 """Environment variable set (to a random value) for the gateway and so for all its processes."""
-START_TIMEOUT_S = 420.0
-"""Two vLLM engines and two gateway replicas on two cores: ~2 min idle, more when loaded."""
+START_TIMEOUT_S = 600.0
+"""Two vLLM engines and two gateway replicas on two cores: ~2 min idle; each engine took
+~3 min on a box at load 20 (other jobs), and the pooling head longer."""
+PROBE_TIMEOUT_S = 10.0
+"""One readiness probe: a call to a head still starting may wait for it rather than answer."""
 CALL_TIMEOUT_S = 120.0
 GATEWAY_TITLE = "ServeReplica:gateway:Gateway"
 """Ray's process title of a gateway replica (checked before a PID is signalled)."""
@@ -136,12 +139,11 @@ class ProductionStack:
     accounts: AccountStore
     admin_key: str
 
-    def http(self, key: str | None = None, **kwargs: Any) -> httpx.Client:
+    def http(self, key: str | None = None, timeout: float = CALL_TIMEOUT_S) -> httpx.Client:
         return httpx.Client(
             base_url=self.base_url,
             headers={"Authorization": f"Bearer {key or self.admin_key}"},
-            timeout=CALL_TIMEOUT_S,
-            **kwargs,
+            timeout=timeout,
         )
 
     def key(self, user: str, *, rpm: int | None = None, daily_tokens: int | None = None) -> str:
@@ -296,7 +298,7 @@ def _wait_ready(stack: ProductionStack, process: subprocess.Popen[bytes]) -> Non
         if process.poll() is not None:
             raise AssertionError(f"gateway run exited: {stack.log.read_text()[-4000:]}")
         try:
-            with stack.http() as http:
+            with stack.http(timeout=PROBE_TIMEOUT_S) as http:
                 chat = http.post(
                     "/v1/chat/completions",
                     json={
