@@ -10,6 +10,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
+
 from tests.production.stack import EMBED, ProductionStack, wait_for
 
 LINES = 200
@@ -61,8 +63,19 @@ def get_batch(stack: ProductionStack, key: str, batch_id: str) -> dict[str, Any]
 
 
 def wait_terminal(stack: ProductionStack, key: str, batch_id: str) -> dict[str, Any]:
+    """Polls through the proxy; a poll that met a replica just killed (the proxy's own 5xx,
+    or a cut connection) is asked again, as a client would."""
+
     def done() -> dict[str, Any] | None:
-        batch = get_batch(stack, key, batch_id)
+        try:
+            with stack.http(key) as http:
+                resp = http.get(f"/v1/batches/{batch_id}")
+        except httpx.HTTPError:
+            return None
+        if resp.status_code >= 500:
+            return None
+        assert resp.status_code == 200, resp.text
+        batch: dict[str, Any] = resp.json()
         return batch if batch["status"] in TERMINAL else None
 
     result: dict[str, Any] = wait_for(f"batch {batch_id} to end", done, BATCH_TIMEOUT_S, 0.5)
