@@ -319,9 +319,9 @@ def _wait_ready(stack: ProductionStack, process: subprocess.Popen[bytes]) -> Non
 
 
 def _stop_gateway(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM: ``gateway run`` stops Serve and Ray; SIGKILL of its group if it hangs."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
+    """SIGTERM to ``gateway run`` alone (it stops Serve, then Ray, as on Ctrl-C); SIGKILL of
+    its group if it hangs. What is left after either is found by the stack's mark."""
+    process.terminate()
     try:
         process.wait(timeout=60)
     except subprocess.TimeoutExpired:
