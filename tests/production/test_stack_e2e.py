@@ -88,11 +88,11 @@ def test_the_daily_quota_is_exact_across_both_replicas(prod_stack: ProductionSta
 
     def ledger() -> tuple[int, int] | None:
         row = prod_stack.rows(
-            "SELECT count(*) AS n, coalesce(sum(prompt_tokens), 0) AS t FROM usage_records "
+            "SELECT count(*) AS n, coalesce(sum(prompt_tokens), 0) AS tokens FROM usage_records "
             "WHERE user_id = :u",
             u=user_id,
         )[0]
-        return (row.n, row.t) if row.n >= admitted else None
+        return (row.n, row.tokens) if row.n >= admitted else None
 
     # The spool commits every second; the refusals are not billed.
     assert wait_for("the ledger", ledger, 30.0) == (admitted, admitted * per_request)
