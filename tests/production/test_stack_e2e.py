@@ -122,6 +122,12 @@ def test_a_key_revoked_through_one_replica_is_refused_by_the_other(
     with httpx.Client(base_url=prod_stack.base_url, timeout=60) as browser:
         signed = browser.post("/api/session", json={"username": "revoker", "password": password})
         assert signed.status_code == 200, signed.text
+        # The session cookie, sent as a browser would (the stdlib cookie jar is unsure
+        # about bare IP hosts), with the CSRF token a write needs.
+        cookies = [c.split(";", 1)[0] for c in signed.headers.get_list("set-cookie")]
+        assert cookies, signed.headers
+        browser.headers["Cookie"] = "; ".join(cookies)
+        browser.cookies.clear()
         browser.headers["X-CSRF-Token"] = signed.json()["csrf_token"]
         revoked = browser.delete(f"/api/keys/{info.key_id}")
     assert revoked.status_code == 200, revoked.text
