@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from serve_app.cli.check.backends import check_model
 from serve_app.cli.check.memory import check_memory, memory_summary
+from serve_app.cli.check.oidc import check_oidc
 from serve_app.cli.check.problems import Problem
 from serve_app.composition import catalog_stand_ins
 from serve_app.config import GatewayAppArgs
@@ -52,6 +53,7 @@ def check_applications(
         for model in config.catalog:
             problems.extend(check_model(model, settings, hub_allowed=hub_allowed))
         problems.extend(check_memory(config.catalog, settings.resolved_memory_budget_gib()))
+        problems.extend(check_oidc(config.dashboard.oidc))
         if config.deployment_mode == "production":  # locally `gateway run` mints the loopback key
             problems.extend(_external_keys(config))
             problems.extend(_stand_ins(config))
