@@ -17,6 +17,8 @@ import pytest
 from joserfc.jwk import RSAKey
 
 from serve_app.auth.dashboard import SESSION_COOKIE
+from serve_app.auth.oidc_config import OidcOptions
+from serve_app.cli.check.oidc import check_oidc
 from serve_app.config import GatewayAppArgs
 from tests.fixtures.dashboard import browser
 from tests.fixtures.gateway import GatewayHarness, build_harness
@@ -272,3 +274,25 @@ def test_a_provider_without_its_secret_stops_the_start(
 def test_production_refuses_a_plain_http_issuer(provider: FakeProvider) -> None:
     with pytest.raises(ValueError, match="issuer must be https in production"):
         GatewayAppArgs.model_validate({"deployment_mode": "production", **oidc_args(provider)})
+
+
+def test_gateway_check_names_a_missing_secret_and_a_wrong_issuer(
+    provider: FakeProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def problems(**fields: Any) -> list[str]:
+        options = OidcOptions.model_validate(
+            {"name": "X", "issuer": provider.issuer, "client_id": CLIENT_ID, **fields}
+        )
+        return [p.line() for p in check_oidc(options)]
+
+    monkeypatch.setenv("GATEWAY_OIDC_CLIENT_SECRET", CLIENT_SECRET)
+    assert problems() == []
+    monkeypatch.delenv("GATEWAY_OIDC_CLIENT_SECRET")
+    (missing,) = problems()
+    assert missing.startswith("dashboard.oidc: GATEWAY_OIDC_CLIENT_SECRET (the client secret)")
+    monkeypatch.setenv("GATEWAY_OIDC_CLIENT_SECRET", CLIENT_SECRET)
+    discovery = f"{provider.issuer}/.well-known/openid-configuration"
+    (other,) = problems(issuer=f"{provider.issuer}/realm", discovery_url=discovery)
+    assert f"names issuer '{provider.issuer}'" in other
+    (down,) = problems(issuer="http://127.0.0.1:9/")
+    assert "discovery at http://127.0.0.1:9/.well-known/openid-configuration failed" in down
