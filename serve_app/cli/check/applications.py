@@ -4,7 +4,8 @@ Each application that runs ``serve_app.builders:build_gateway_app`` has its args
 as ``GatewayAppArgs`` (the catalog included), each catalog entry's engine checked
 (``backends.check_model``), and a production application its environment: the
 settings production refuses to start without, every external model's upstream key, and
-the catalog's test engines and random-weight ``tiny:`` models.
+the catalog's test engines and random-weight ``tiny:`` models. A console sign-in provider
+(``dashboard.oidc``) is checked in every mode (``serve_app.cli.check.oidc``).
 """
 
 from __future__ import annotations
