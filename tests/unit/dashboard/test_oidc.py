@@ -17,6 +17,7 @@ import pytest
 from joserfc.jwk import RSAKey
 
 from serve_app.auth.dashboard import SESSION_COOKIE
+from serve_app.auth.oidc import FLOW_TTL_S, OidcClient, OidcError
 from serve_app.auth.oidc_config import OidcOptions
 from serve_app.cli.check.oidc import check_oidc
 from serve_app.config import GatewayAppArgs
@@ -296,3 +297,16 @@ def test_gateway_check_names_a_missing_secret_and_a_wrong_issuer(
     assert f"names issuer '{provider.issuer}'" in other
     (down,) = problems(issuer="http://127.0.0.1:9/")
     assert "discovery at http://127.0.0.1:9/.well-known/openid-configuration failed" in down
+
+
+async def test_the_flow_cookie_expires_and_cannot_be_forged(provider: FakeProvider) -> None:
+    now = [time.time()]
+    options = OidcOptions(name="X", issuer=provider.issuer, client_id=CLIENT_ID)
+    client = OidcClient(options, CLIENT_SECRET, clock=lambda: now[0])
+    _, sealed = await client.begin("http://localhost/api/session/oidc/callback", "/dashboard/keys")
+    assert client.unseal(sealed).next_path == "/dashboard/keys"
+    with pytest.raises(OidcError, match="invalid_state"):
+        OidcClient(options, "another secret").unseal(sealed)  # signed with another key
+    now[0] += FLOW_TTL_S + 1
+    with pytest.raises(OidcError, match="invalid_state"):
+        client.unseal(sealed)
