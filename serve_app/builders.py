@@ -17,11 +17,11 @@ from ray.serve.config import RequestRouterConfig
 from deployments import registry
 from deployments.audio.speech_head import SpeechHead
 from deployments.audio.transcription_head import TranscriptionHead
-from deployments.document.head import DetectHead, ParseHead
-from deployments.embedding.head import PoolingHead
+from deployments.chat import prefix_router
+from deployments.chat.head import ChatHead
+from deployments.documents.head import DetectHead, ParseHead
+from deployments.embeddings.head import PoolingHead
 from deployments.sleep_policy import with_sleep_policy
-from deployments.text import prefix_router
-from deployments.text.head import ChatHead
 from deployments.tool_runner import ToolRunner
 from deployments.video.head import VideoHead
 from serve_app.adapters.store import open_head_objects
@@ -124,7 +124,7 @@ def may_scale_out(spec: DeploymentSpec) -> bool:
 
 def request_router_config(model: CatalogModel) -> RequestRouterConfig | None:
     """Chat heads with ``routing: prefix`` and room for two replicas: the prefix-,
-    adapter- and organization-aware router (deployments/text/prefix_router.py); else
+    adapter- and organization-aware router (deployments/chat/prefix_router.py); else
     None, Serve's default (with one replica a router has nothing to choose, and the
     prefix router would still pay its tree lookups)."""
     spec = model.deployment

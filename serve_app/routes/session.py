@@ -24,8 +24,6 @@ from fastapi.responses import RedirectResponse
 from serve_app.auth.dashboard import SESSION_COOKIE
 from serve_app.auth.oidc import FLOW_TTL_S, OidcError
 from serve_app.auth.sessions import Session
-from serve_app.ingress.deps import Dashboard, SessionCaller
-from serve_app.ingress.openapi import ERROR_RESPONSES
 from serve_app.protocol.dashboard import (
     PasswordChangeRequest,
     SessionObject,
@@ -35,6 +33,8 @@ from serve_app.protocol.dashboard import (
     SwitchOrgRequest,
 )
 from serve_app.protocol.errors import GatewayError, InvalidRequestError, NotFoundError
+from serve_app.requests.deps import Dashboard, SessionCaller
+from serve_app.requests.openapi import ERROR_RESPONSES
 
 logger = logging.getLogger(__name__)
 
