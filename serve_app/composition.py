@@ -21,6 +21,7 @@ sandbox and the dedicated endpoints' head deployment are chosen here.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
@@ -36,6 +37,9 @@ from serve_app.auth.dashboard import DashboardSessions
 from serve_app.auth.epoch import EpochWatch
 from serve_app.auth.key_admin import KeyAdmin
 from serve_app.auth.members import MemberAdmin
+from serve_app.auth.oidc import OidcClient
+from serve_app.auth.oidc_config import OidcOptions
+from serve_app.auth.oidc_users import OidcSignIn, OidcUsers
 from serve_app.auth.service import AuthService
 from serve_app.auth.sessions import SessionStore
 from serve_app.batches.service import BatchService
@@ -269,7 +273,7 @@ def _dashboard(
     accounts = AccountStore(database, pepper=settings.key_pepper)
     limits = config.limits
     return DashboardServices(
-        sessions=DashboardSessions(sessions, counters),
+        sessions=DashboardSessions(sessions, counters, oidc=_oidc(config.dashboard.oidc, accounts)),
         keys=KeyAdmin(accounts),
         members=MemberAdmin(accounts, sessions),
         usage=UsageReports(database),
@@ -277,6 +281,20 @@ def _dashboard(
             rpm=limits.rpm, tpm=limits.tpm, daily_tokens=limits.daily_tokens
         ),
     )
+
+
+def _oidc(options: OidcOptions | None, accounts: AccountStore) -> OidcSignIn | None:
+    """The OpenID Connect provider, its secret read from the variable the config names
+    (a configured provider without its secret is a start-up error, not a broken button)."""
+    if options is None:
+        return None
+    secret = os.environ.get(options.client_secret_env, "")
+    if not secret:
+        raise ValueError(
+            f"dashboard.oidc is configured but {options.client_secret_env} is unset "
+            "(the client secret; docs/deployment.md)"
+        )
+    return OidcSignIn(OidcClient(options, secret), OidcUsers(accounts, options))
 
 
 def _audio(
