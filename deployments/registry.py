@@ -26,18 +26,13 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-HeadKind = Literal["chat", "speech", "transcription", "detect", "parse", "video", "pooling"]
-HEAD_KINDS: tuple[HeadKind, ...] = (
-    "chat",
-    "speech",
-    "transcription",
-    "detect",
-    "parse",
-    "video",
-    "pooling",
-)
+from serve_app.contract.head_kinds import HEAD_KINDS as KINDS
+from serve_app.contract.head_kinds import HeadKind
+
+HEAD_KINDS: tuple[HeadKind, ...] = tuple(spec.name for spec in KINDS)
+"""Every head kind, as the contract's table declares them."""
 
 
 @dataclass(frozen=True)
