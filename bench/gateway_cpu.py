@@ -93,7 +93,7 @@ async def _run(n: int, stream: bool, words: int = 0, route: str = "chat") -> tup
 def _render_per_event(n: int) -> None:
     """CPU seconds per text-delta event of each stream renderer, best of 5 runs of ``n``
     (the responses run includes its opening and closing events)."""
-    from serve_app.contract.text import GenerationDone, TextDelta
+    from serve_app.contract.chat import GenerationDone, TextDelta
     from serve_app.inference.chat.assemble import ChatChunker
     from serve_app.inference.responses.render import ResponseBuilder
 

@@ -42,7 +42,7 @@ from bench.common import (
     pct,
 )
 from bench.servers import SMOLLM2, mint_key
-from serve_app.contract.text import GenerationDone, HeadRequest, PromptSpec, SamplingSpec, TextDelta
+from serve_app.contract.chat import GenerationDone, HeadRequest, PromptSpec, SamplingSpec, TextDelta
 
 MODEL = SMOLLM2
 
@@ -160,7 +160,7 @@ def main() -> None:
     import ray
     from ray import serve
 
-    from deployments.models.prepared_models import ensure_model
+    from deployments.local_models.prepared_models import ensure_model
     from serve_app.builders import build_gateway_app
 
     ensure_model(MODEL)

@@ -92,7 +92,7 @@ def main() -> int:
     parser.add_argument("--start-timeout-s", type=float, default=900.0)
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, _interrupted)
-    from deployments.models.prepared_models import ensure_model
+    from deployments.local_models.prepared_models import ensure_model
 
     model_path = ensure_model(MODEL)
     ensure_model("smollm2-json-lora", model_path.parent / "smollm2-json-lora")

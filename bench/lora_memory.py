@@ -59,8 +59,8 @@ def _child(with_lora: bool) -> None:
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
 
-    from deployments.models.resolve import resolve_model
-    from deployments.text.vllm_config import VLLMEngineConfig
+    from deployments.chat.vllm_config import VLLMEngineConfig
+    from deployments.local_models.resolve import resolve_model
 
     config = VLLMEngineConfig(**catalog_engine_config(with_lora))
     llm = LLM(**config.engine_kwargs("cpu", resolve_model(config.model)))

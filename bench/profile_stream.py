@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-timeout-s", type=float, default=900.0)
     args = parser.parse_args(argv)
 
-    from deployments.models.prepared_models import ensure_model
+    from deployments.local_models.prepared_models import ensure_model
 
     model_path = ensure_model(MODEL)
     work = Path(tempfile.mkdtemp(prefix="profile-"))

@@ -61,7 +61,7 @@ def start_gateway(port: int, state: str) -> str:
     import ray
     from ray import serve
 
-    from deployments.models.prepared_models import ensure_model
+    from deployments.local_models.prepared_models import ensure_model
     from serve_app.builders import build_gateway_app
 
     os.environ["GATEWAY_DATABASE_URL"] = f"sqlite:///{state}/gateway.db"
@@ -150,7 +150,7 @@ def main() -> None:
     parser.add_argument("--litellm-bin", default=os.environ.get("LITELLM_BIN", ""))
     args = parser.parse_args()
 
-    from deployments.models.prepared_models import ensure_model
+    from deployments.local_models.prepared_models import ensure_model
 
     model_path = ensure_model(MODEL)
     work = Path(tempfile.mkdtemp(prefix="gw-compare-"))

@@ -32,13 +32,13 @@ from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
 from ray.serve._private.test_utils import FAKE_REPLICA_DEPLOYMENT_ID, FakeRunningReplica
 from ray.serve.request_router import PendingRequest
 
-from deployments.text.prefix_router import (
+from deployments.chat.prefix_router import (
     ChatPrefixRouter,
     FastPrefixTreeActor,
     router_kwargs,
     routing_text,
 )
-from serve_app.contract.text import HeadRequest, PromptSpec, SamplingSpec
+from serve_app.contract.chat import HeadRequest, PromptSpec, SamplingSpec
 from tests.fixtures.prefix_tree import LocalTree, NoRay
 
 WORDS = [

@@ -313,8 +313,8 @@ async def in_process_gateway(
     state_dir: Path, *, answer_invented_calls: bool = True, on_core: Any = None
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The gateway app with the real tool-model head in this process (no Ray)."""
-    from deployments.text.factory import build_text_engine
-    from deployments.text.head import ChatHeadCore
+    from deployments.chat.factory import build_text_engine
+    from deployments.chat.head import ChatHeadCore
     from serve_app.auth.accounts import AccountStore
     from serve_app.composition import build_state
     from serve_app.config import GatewayAppArgs

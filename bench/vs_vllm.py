@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, _interrupt)
     signal.signal(signal.SIGALRM, _interrupt)
     signal.alarm(args.timeout_s)
-    from deployments.models.prepared_models import ensure_model
+    from deployments.local_models.prepared_models import ensure_model
 
     started = time.strftime("%Y-%m-%dT%H-%M-%S")
     model_path = ensure_model(MODEL)

@@ -1,6 +1,6 @@
 """The head of a dedicated endpoint: a chat head that says which replica served a call.
 
-Same ``ChatHeadCore`` and engine factory as ``deployments.text.head.ChatHead``;
+Same ``ChatHeadCore`` and engine factory as ``deployments.chat.head.ChatHead``;
 three additions the dedicated monitoring records need from the replica itself:
 
 - every stream starts with a ``ServedBy`` event (the gateway strips it), so
@@ -21,13 +21,13 @@ from typing import Any
 
 from ray import serve
 
+from deployments.chat.head import ChatHeadCore
 from deployments.direct_http import refuse_direct_http
 from deployments.replica_counters import ReplicaCounters
 from deployments.replica_logging import configure_replica_logging
 from deployments.stream_batching import coalesce
-from deployments.text.head import ChatHeadCore
+from serve_app.contract.chat import GenerationDone, HeadEvent, HeadRequest
 from serve_app.contract.dedicated import ReplicaStats, ServedBy
-from serve_app.contract.text import GenerationDone, HeadEvent, HeadRequest
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class DedicatedHead:
     ) -> None:
         """``peers`` only binds hybrid's ``burst`` deployment into the same app (unused)."""
         configure_replica_logging()
-        from deployments.text.factory import build_text_engine
+        from deployments.chat.factory import build_text_engine
 
         self.model_id = model_id
         self.counters = ReplicaCounters.in_replica(engine_config)

@@ -11,7 +11,7 @@ nothing. Validating a catalog's engine settings imports only the config class's 
 and those modules import their model runtime (vLLM, torch, onnxruntime...) lazily: the
 gateway validates every entry when it builds the app (``serve_app.builders``) without
 loading one. The factories (``deployments/<kind>/factory.py``,
-``deployments/embedding/factory.py``) build engines from here, the app builder and
+``deployments/embeddings/factory.py``) build engines from here, the app builder and
 ``gateway check`` refuse names and settings from here, and
 ``tests/unit/test_backend_registry.py`` holds them to it.
 
@@ -75,14 +75,14 @@ RAPIDOCR = Runtime("rapidocr_onnxruntime", "rapidocr-onnxruntime")
 AV = Runtime("av", "av")
 VLLM = Runtime("vllm", "vllm")
 
-_TEXT = "deployments.text"
+_TEXT = "deployments.chat"
 _AUDIO = "deployments.audio"
-_DOCS = "deployments.models.tiny_document_models"
-_HF = "deployments.document.hf_engines"
+_DOCS = "deployments.local_models.tiny_document_models"
+_HF = "deployments.documents.hf_engine"
 _HF_RUNTIME = (TORCH, TRANSFORMERS)
-_RAPID = "deployments.document.rapid_engines"
-_VIDEO = "deployments.video.diffusers_video"
-_TINY_VIDEO = "deployments.models.tiny_video_model"
+_RAPID = "deployments.documents.rapid_engine"
+_VIDEO = "deployments.video.diffusers_engine"
+_TINY_VIDEO = "deployments.local_models.tiny_video_model"
 _VIDEO_RUNTIME = (TORCH, Runtime("diffusers", "diffusers"), TRANSFORMERS, AV)
 
 
@@ -98,8 +98,8 @@ BACKENDS: dict[tuple[HeadKind, str], Backend] = {
         builder=f"{_TEXT}.factory:build_vllm",
     ),
     ("pooling", "vllm"): Backend(
-        "deployments.embedding.vllm_backend:VLLMPoolingEngine",
-        "deployments.embedding.config:VLLMPoolingConfig",
+        "deployments.embeddings.vllm_engine:VLLMPoolingEngine",
+        "deployments.embeddings.config:VLLMPoolingConfig",
         (VLLM,),
     ),
     ("speech", "piper"): Backend(

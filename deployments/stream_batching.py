@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
-from serve_app.contract.text import TextDelta, merge_logprobs
+from serve_app.contract.chat import TextDelta, merge_logprobs
 
 DEFAULT_INTERVAL_S = 0.02
 """Batch window while streaming: ~50 flushes per second per stream at most."""

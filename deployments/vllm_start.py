@@ -1,7 +1,7 @@
 """Starting one in-process vLLM ``AsyncLLM``: the sequence every vLLM-backed head shares.
 
-The chat heads (``deployments/text/vllm_engine.py``) and the pooling heads
-(``deployments/embedding/vllm_backend.py``) build different serving objects over
+The chat heads (``deployments/chat/vllm_engine.py``) and the pooling heads
+(``deployments/embeddings/vllm_engine.py``) build different serving objects over
 the engine, but start it the same way, and each step matters for a replica:
 
 - no usage pings from a gateway box (vLLM would otherwise post to its stats server);

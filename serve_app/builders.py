@@ -15,8 +15,8 @@ from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
 from deployments import registry
+from deployments.chat import prefix_router
 from deployments.sleep_policy import with_sleep_policy
-from deployments.text import prefix_router
 from deployments.tool_runner import ToolRunner
 from serve_app.adapters.store import open_head_objects
 from serve_app.catalog.config import CatalogModel, DeploymentSpec
@@ -114,7 +114,7 @@ def may_scale_out(spec: DeploymentSpec) -> bool:
 
 def request_router_config(model: CatalogModel) -> RequestRouterConfig | None:
     """Chat heads with ``routing: prefix`` and room for two replicas: the prefix-,
-    adapter- and organization-aware router (deployments/text/prefix_router.py); else
+    adapter- and organization-aware router (deployments/chat/prefix_router.py); else
     None, Serve's default (with one replica a router has nothing to choose, and the
     prefix router would still pay its tree lookups)."""
     spec = model.deployment

@@ -26,7 +26,7 @@ from datetime import datetime
 from typing import Any
 
 from deployments import registry
-from deployments.models.reference import is_tiny
+from deployments.local_models.reference import is_tiny
 from deployments.replica_logging import configure_replica_logging
 from deployments.sandbox.bwrap import BwrapSandbox
 from serve_app.adapters.service import AdapterService
@@ -44,7 +44,7 @@ from serve_app.batches.worker import BatchWorker
 from serve_app.billing.reports import UsageReports
 from serve_app.catalog.catalog import Catalog
 from serve_app.catalog.config import CatalogModel
-from serve_app.config import GatewayAppArgs
+from serve_app.config import REPO_ROOT, GatewayAppArgs
 from serve_app.dedicated.api.facade import Dedicated, build_dedicated
 from serve_app.dedicated.control.backend import ServeBackend
 from serve_app.dedicated.control.ray_backend import RayServeBackend
@@ -77,12 +77,12 @@ from serve_app.inference.metering import Metering, build_metering
 from serve_app.inference.readiness import READY, WARMING, HeadReadiness, serve_status_source
 from serve_app.inference.responses.service import ResponsesService
 from serve_app.inference.video.service import VideoService
-from serve_app.ingress.replays import build_replay_store
-from serve_app.ingress.state import DashboardServices, GatewayState
 from serve_app.jobs.store import JobStore
 from serve_app.limits.buckets import CounterStore
 from serve_app.limits.limiter import PlatformLimits, build_counter_store
 from serve_app.metrics import GatewayMetrics
+from serve_app.requests.replays import build_replay_store
+from serve_app.requests.state import DashboardServices, GatewayState
 from serve_app.settings import GatewaySettings, get_settings, require_production_ready
 from serve_app.storage.db import Database
 from serve_app.storage.objects import ObjectStore, build_object_store
@@ -353,6 +353,7 @@ def _tools(
         config.tools,
         settings.state_dir,
         sandbox=sandbox or BwrapSandbox(config.tools.code_interpreter, strict_network=production),
+        seed_root=REPO_ROOT,
     )
 
 
@@ -492,7 +493,7 @@ async def build_replica(
     dedicated_backend = None
     if config.dedicated.enabled:
         from deployments.dedicated_head import DedicatedHead  # only a Serve replica needs it
-        from deployments.embedding.head import PoolingHead
+        from deployments.embeddings.head import PoolingHead
 
         dedicated_backend = RayServeBackend(DedicatedHead, pooling_head=PoolingHead)
     state = build_state(

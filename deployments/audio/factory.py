@@ -1,7 +1,7 @@
 """Build speech and transcription engines from a backend name and a plain config dict.
 
 The audio heads receive their engine from here, as the chat head does from
-``deployments.text.factory``: a catalog entry's ``engine.backend`` picks the
+``deployments.chat.factory``: a catalog entry's ``engine.backend`` picks the
 implementation (``deployments.registry`` names them, with their config classes and
 runtimes), tests register scripted backends by name or name a ``module:Class``, and
 no head knows which model runtime it hosts. Engine modules import their runtime

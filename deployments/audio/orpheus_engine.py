@@ -28,9 +28,9 @@ from deployments.audio.base import (
     SpeechEngineInfo,
     SynthesizedAudio,
 )
-from deployments.text.vllm_config import VLLMEngineConfig
+from deployments.chat.vllm_config import VLLMEngineConfig
 from serve_app.contract.audio import SPEC_VOICES
-from serve_app.contract.text import PromptSpec, SamplingSpec, TextDelta
+from serve_app.contract.chat import PromptSpec, SamplingSpec, TextDelta
 
 START_OF_HUMAN = 128259
 END_OF_PROMPT = (128009, 128260, 128261, 128257)
@@ -138,7 +138,7 @@ class OrpheusSpeechEngine(SpeechEngine):
     """``SpeechEngine`` over vLLM (the LM) and SNAC (the codec)."""
 
     def __init__(self, config: OrpheusConfig) -> None:
-        from deployments.text.vllm_engine import VLLMEngine
+        from deployments.chat.vllm_engine import VLLMEngine
 
         self.config = config
         self._lm = VLLMEngine(config.vllm)

@@ -29,7 +29,7 @@ from deployments.audio.base import (
     TranscriptionEngineInfo,
     TranscriptionOptions,
 )
-from deployments.models.resolve import resolve_model
+from deployments.local_models.resolve import resolve_model
 from serve_app.contract.audio import TranscriptSegment
 from serve_app.contract.errors import InvalidRequestError
 

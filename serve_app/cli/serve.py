@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from deployments.models.reference import is_tiny, prepared_name
+from deployments.local_models.reference import is_tiny, prepared_name
 from serve_app.catalog.config import CatalogModel
 from serve_app.cli import ingress, loopback
 from serve_app.cli.errors import CommandError
@@ -126,7 +126,7 @@ def register(subparsers: _SubParsers) -> None:
 
 
 def _prepare(args: argparse.Namespace, settings: GatewaySettings) -> int:
-    from deployments.models.prepared_models import ensure_model
+    from deployments.local_models.prepared_models import ensure_model
 
     _progress_logging()
     path = ensure_model(args.name, settings.resolved_models_dir() / args.name)
@@ -193,9 +193,9 @@ def _prepare_in_background(
     """
 
     def run() -> None:
-        from deployments.models.model_prep import in_child
-        from deployments.models.prepared_models import prepare_in_child
-        from deployments.models.resolve import resolve_model
+        from deployments.local_models.model_prep import in_child
+        from deployments.local_models.prepared_models import prepare_in_child
+        from deployments.local_models.resolve import resolve_model
 
         for name in names:
             _step(f"preparing model {name} in the background (503 model_warming until ready)")
@@ -260,7 +260,7 @@ def _run(args: argparse.Namespace, settings: GatewaySettings) -> int:
     first = first_answer_model(serve_config)
     if first is not None:
         _step(f"preparing model {first} (the first chat head; the others follow in the background)")
-        from deployments.models.prepared_models import prepare_in_child
+        from deployments.local_models.prepared_models import prepare_in_child
 
         prepare_in_child(first, models_dir / first)
     later = [name for name in prepared_models(serve_config) if name != first]

@@ -27,20 +27,20 @@ from serve_app.contract.audio import (
     TranscriptionHeadRequest,
     TranscriptionHeadResult,
 )
-from serve_app.contract.document import (
+from serve_app.contract.chat import HeadEvent, HeadRequest
+from serve_app.contract.documents import (
     DetectHeadRequest,
     DetectHeadResult,
     ParseHeadRequest,
     ParseHeadResult,
 )
-from serve_app.contract.embedding import (
+from serve_app.contract.embeddings import (
     ONE_ITEM_STREAM,
     EmbedHeadRequest,
     EmbedHeadResult,
     ScoreHeadRequest,
     ScoreHeadResult,
 )
-from serve_app.contract.text import HeadEvent, HeadRequest
 from serve_app.contract.video import VideoRequest
 
 HeadKind = Literal["chat", "speech", "transcription", "video", "detect", "parse", "pooling"]
@@ -80,10 +80,10 @@ class HeadKindSpec:
     """Whether a dedicated endpoint may be backed by a model of this kind."""
 
 
-_CHAT = "deployments.text"
+_CHAT = "deployments.chat"
 _AUDIO = "deployments.audio"
-_DOCUMENT = "deployments.document"
-_EMBEDDING = "deployments.embedding"
+_DOCUMENT = "deployments.documents"
+_EMBEDDING = "deployments.embeddings"
 _VIDEO = "deployments.video"
 
 HEAD_KINDS: tuple[HeadKindSpec, ...] = (

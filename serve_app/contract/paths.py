@@ -1,7 +1,7 @@
 """Where locally prepared models are cached, as both the gateway and its heads find it.
 
 A head replica resolves ``prepared:<name>`` and ``tiny:<kind>`` engine references
-itself (``deployments.models.model_prep``), from the same ``GATEWAY_*``
+itself (``deployments.local_models.model_prep``), from the same ``GATEWAY_*``
 environment as the gateway, without importing the gateway's settings. This is
 that one lookup; ``serve_app.settings.GatewaySettings`` reads the same variables
 (``models_dir``, ``state_dir``) for the gateway and its CLI, and a unit test

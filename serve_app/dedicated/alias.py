@@ -1,17 +1,19 @@
 """Names of dedicated endpoints: the ``ded/<slug>`` alias and the Serve app it runs as.
 
-Kept free of every other gateway import so any route (the responses route
-refuses aliases, docs/reference/responses.md#request) can ask ``is_dedicated_alias`` without pulling
-in the dedicated machinery.
+Kept free of every other gateway import but the wire's slug rule
+(``serve_app.protocol.dedicated.SLUG_PATTERN``: the API validates a slug by it) so any route
+(the responses route refuses aliases, docs/reference/responses.md#request) can ask
+``is_dedicated_alias`` without pulling in the dedicated machinery.
 """
 
 from __future__ import annotations
 
 import re
 
+from serve_app.protocol.dedicated import SLUG_PATTERN
+
 ALIAS_PREFIX = "ded/"
 APP_PREFIX = "ded-"
-SLUG_PATTERN = r"^[a-z0-9-]{3,24}$"
 _SLUG = re.compile(SLUG_PATTERN)
 
 

@@ -43,13 +43,14 @@ from serve_app.contract.audio import (
     TranscriptionHeadReply,
     TranscriptionHeadRequest,
 )
-from serve_app.contract.document import (
+from serve_app.contract.chat import HeadEvent, HeadRequest
+from serve_app.contract.documents import (
     DetectHeadReply,
     DetectHeadRequest,
     ParseHeadReply,
     ParseHeadRequest,
 )
-from serve_app.contract.embedding import (
+from serve_app.contract.embeddings import (
     ONE_ITEM_STREAM,
     EmbedHeadReply,
     EmbedHeadRequest,
@@ -58,7 +59,6 @@ from serve_app.contract.embedding import (
 )
 from serve_app.contract.errors import HeadFailure
 from serve_app.contract.head_kinds import head_kind
-from serve_app.contract.text import HeadEvent, HeadRequest
 from serve_app.protocol.errors import GatewayError, ModelUnavailableError, UpstreamError
 
 logger = logging.getLogger(__name__)
@@ -406,7 +406,7 @@ def ray_head_clients(catalog: Iterable[CatalogModel], handles: Mapping[str, Any]
 
 # ---- in-process (tests, benchmarks) ----------------------------------------------------
 class ChatCore(Protocol):
-    """``deployments.text.head.ChatHeadCore``."""
+    """``deployments.chat.head.ChatHeadCore``."""
 
     def generate(self, request: HeadRequest) -> AsyncIterator[HeadEvent]: ...
 
@@ -429,20 +429,20 @@ class TranscriptionCore(Protocol):
 
 @runtime_checkable
 class DetectCore(Protocol):
-    """``deployments.document.head.DetectHeadCore``."""
+    """``deployments.documents.head.DetectHeadCore``."""
 
     async def detect(self, request: DetectHeadRequest) -> DetectHeadReply: ...
 
 
 @runtime_checkable
 class ParseCore(Protocol):
-    """``deployments.document.head.ParseHeadCore``."""
+    """``deployments.documents.head.ParseHeadCore``."""
 
     async def parse(self, request: ParseHeadRequest) -> ParseHeadReply: ...
 
 
 class PoolingCore(Protocol):
-    """``deployments.embedding.head.PoolingHeadCore``."""
+    """``deployments.embeddings.head.PoolingHeadCore``."""
 
     async def embed(self, request: EmbedHeadRequest) -> EmbedHeadReply: ...
 

@@ -27,8 +27,7 @@ from typing import Any
 import httpx
 
 from serve_app.catalog.config import CatalogModel, ExternalProvider
-from serve_app.contract.errors import HeadFailure
-from serve_app.contract.text import (
+from serve_app.contract.chat import (
     GenerationDone,
     HeadEvent,
     HeadRequest,
@@ -36,6 +35,7 @@ from serve_app.contract.text import (
     TextDelta,
     ToolCallDelta,
 )
+from serve_app.contract.errors import HeadFailure
 from serve_app.heads.external_request import (
     estimate_prompt_tokens,
     estimate_text_tokens,

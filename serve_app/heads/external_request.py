@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from serve_app.contract.text import HeadRequest, PromptSpec
+from serve_app.contract.chat import HeadRequest, PromptSpec
 
 CHAT_RELAYED_FIELDS = frozenset({"response_format", "logit_bias", "parallel_tool_calls"})
 """Chat fields outside the validated ones that reach the provider: each changes only the

@@ -26,7 +26,7 @@ from serve_app.billing.records import UsageQuantities, UsageStatus
 from serve_app.billing.store import LedgerStore
 from serve_app.catalog.config import CatalogModel
 from serve_app.config import GatewayAppArgs
-from serve_app.contract.text import GenerationDone, HeadEvent, HeadStarted, TextDelta
+from serve_app.contract.chat import GenerationDone, HeadEvent, HeadStarted, TextDelta
 from serve_app.limits.buckets import CounterStore, Ticket
 from serve_app.limits.limiter import PlatformLimits, RateLimiter, build_counter_store
 from serve_app.metrics import GatewayMetrics, NoopBackend

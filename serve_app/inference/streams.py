@@ -21,8 +21,8 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Generic, TypeVar
 
+from serve_app.contract.chat import HeadEvent, HeadStarted
 from serve_app.contract.errors import HeadFailure
-from serve_app.contract.text import HeadEvent, HeadStarted
 from serve_app.inference.answers import FrameStream
 from serve_app.inference.metering import MeteredRequest
 from serve_app.inference.sse import SSE_HEADERS, sse_error

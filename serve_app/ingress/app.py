@@ -21,9 +21,9 @@ from serve_app.ingress.docs_page import install_docs
 from serve_app.ingress.errors import install_error_handlers
 from serve_app.ingress.idempotency import IdempotencyMiddleware
 from serve_app.ingress.methods import AllowedMethodsMiddleware
-from serve_app.ingress.openapi import install_openapi
 from serve_app.ingress.ratelimit_headers import RateLimitHeadersMiddleware
-from serve_app.ingress.state import GatewayState
+from serve_app.requests.openapi import install_openapi
+from serve_app.requests.state import GatewayState
 from serve_app.routes import (
     adapters,
     audio,
@@ -32,7 +32,7 @@ from serve_app.routes import (
     completions,
     dashboard,
     dedicated,
-    document,
+    documents,
     embeddings,
     files,
     health,
@@ -67,7 +67,7 @@ def api_routes() -> tuple[BaseRoute, ...]:
         responses,
         messages,
         audio,
-        document,
+        documents,
         embeddings,
         video,
         files,

@@ -5,7 +5,7 @@ the route's dependencies, and the body limit and idempotency middlewares read it
 before the route too: a 200 MB upload to ``/v1/files`` without a key was read to
 its end before its 401. This pure ASGI middleware, outer to every middleware that
 reads the body, finds the route a request is for and runs that route's caller
-dependencies (``serve_app.ingress.deps.PRE_BODY_CALLERS``: the one place that
+dependencies (``serve_app.requests.deps.PRE_BODY_CALLERS``: the one place that
 authenticates) on the headers alone. A missing, malformed, unknown or revoked key
 (401) or a key without the route's scope (403) is answered without reading the
 body, with ``Connection: close`` so the server drops the unread bytes instead of
@@ -28,9 +28,9 @@ from starlette.routing import Match, Router
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serve_app.auth.principal import Principal
-from serve_app.ingress.deps import PRE_BODY_CALLERS
 from serve_app.ingress.errors import database_unreachable_error, error_response
 from serve_app.protocol.errors import GatewayError
+from serve_app.requests.deps import PRE_BODY_CALLERS
 from serve_app.storage.db import UNREACHABLE_ERRORS
 
 CallerDependency = Callable[[Request], Awaitable[Principal]]

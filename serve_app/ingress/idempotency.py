@@ -42,10 +42,10 @@ from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.auth.dashboard import SESSION_COOKIE
-from serve_app.ingress.deps import known_caller
 from serve_app.ingress.errors import error_response
-from serve_app.ingress.replays import Answered, Claimed, InFlight, ReplayStore, StoredAnswer
 from serve_app.protocol.errors import ConflictError, GatewayError, InvalidRequestError
+from serve_app.requests.deps import known_caller
+from serve_app.requests.replays import Answered, Claimed, InFlight, ReplayStore, StoredAnswer
 
 logger = logging.getLogger(__name__)
 

@@ -176,7 +176,7 @@ return 1
 
 def shared_redis(url: str, *, max_connections: int) -> Any:
     """An asyncio client on a pool of its own, for state shared by gateway replicas
-    (these counters, the Idempotency-Key answers of ``serve_app.ingress.replays``).
+    (these counters, the Idempotency-Key answers of ``serve_app.requests.replays``).
 
     A blocking pool makes a burst wait for a free connection instead of
     failing: a busy pool is not an outage, and failing there would let the
@@ -191,7 +191,7 @@ def shared_redis(url: str, *, max_connections: int) -> Any:
     failed although Redis was back (a 503 with limits failing closed; seen in
     tests/faults). Timeouts are not retried: a hung Redis must not double the stall.
     A connection that broke after Redis ran the command (not before) means it runs
-    twice: a claim recognises its own token (``serve_app.ingress.replays``); an
+    twice: a claim recognises its own token (``serve_app.requests.replays``); an
     admission may count twice in a tokens or daily bucket, erring on the limit's side.
     """
     import redis.asyncio as aioredis

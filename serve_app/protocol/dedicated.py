@@ -26,8 +26,11 @@ from pydantic import (
     model_serializer,
 )
 
-from serve_app.dedicated.alias import SLUG_PATTERN
 from serve_app.protocol.common import WholeInt
+
+SLUG_PATTERN = r"^[a-z0-9-]{3,24}$"
+"""What an endpoint's slug may be (its alias is ``ded/<slug>``); ``dedicated/alias.py``
+parses aliases by it."""
 
 Mode = Literal["spot", "reserved", "hybrid"]
 Profile = Literal["economical", "balanced", "latency_first"]

@@ -13,9 +13,9 @@ from fastapi import APIRouter, File, Form, UploadFile
 
 from serve_app.adapters.service import AdapterService
 from serve_app.contract.adapters import NAME_PATTERN
-from serve_app.ingress.deps import InferenceCaller, State
-from serve_app.ingress.openapi import ERROR_RESPONSES
 from serve_app.protocol.adapters import AdapterDeleted, AdapterList, AdapterObject
+from serve_app.requests.deps import InferenceCaller, State
+from serve_app.requests.openapi import ERROR_RESPONSES
 
 ADAPTERS_PATH = "/api/adapters"
 STREAMED_PATHS = (ADAPTERS_PATH,)

@@ -14,9 +14,9 @@ from typing import Annotated
 from fastapi import APIRouter, File, Form, Request, Response, UploadFile
 
 from serve_app.inference.audio.service import AudioService, TranscriptionForm
-from serve_app.ingress.deps import InferenceCaller, State
-from serve_app.ingress.openapi import ERROR_RESPONSES
 from serve_app.protocol.audio import TRANSCRIPTION_FORMATS, SpeechRequest, Transcription
+from serve_app.requests.deps import InferenceCaller, State
+from serve_app.requests.openapi import ERROR_RESPONSES
 from serve_app.routes.answers import http_response
 
 TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"

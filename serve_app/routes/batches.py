@@ -6,10 +6,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from serve_app.ingress.deps import InferenceCaller, State
-from serve_app.ingress.openapi import ERROR_RESPONSES
 from serve_app.protocol.batches import Batch, BatchCreateRequest, BatchList
 from serve_app.protocol.errors import ErrorEnvelope
+from serve_app.requests.deps import InferenceCaller, State
+from serve_app.requests.openapi import ERROR_RESPONSES
 
 _NOT_CANCELLABLE: dict[int | str, dict[str, Any]] = {
     409: {

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from serve_app.ingress.deps import InferenceCaller, State
-from serve_app.ingress.openapi import ERROR_RESPONSES
 from serve_app.protocol.chat import ChatCompletion, ChatCompletionRequest
+from serve_app.requests.deps import InferenceCaller, State
+from serve_app.requests.openapi import ERROR_RESPONSES
 from serve_app.routes.answers import http_response
 
 router = APIRouter(prefix="/v1", tags=["chat"])

@@ -18,8 +18,6 @@ from fastapi import APIRouter, Query, Response
 from serve_app.auth.principal import ROLE_ADMIN
 from serve_app.auth.sessions import Session
 from serve_app.billing.reports import GroupBy, UsageSummary, to_csv
-from serve_app.ingress.deps import AdminSession, Dashboard, SessionCaller
-from serve_app.ingress.openapi import ERROR_RESPONSES
 from serve_app.protocol.dashboard import (
     CreatedKeyObject,
     DailyQuota,
@@ -37,6 +35,8 @@ from serve_app.protocol.dashboard import (
 )
 from serve_app.protocol.errors import PermissionDeniedError
 from serve_app.ray_dashboard import ray_dashboard
+from serve_app.requests.deps import AdminSession, Dashboard, SessionCaller
+from serve_app.requests.openapi import ERROR_RESPONSES
 
 router = APIRouter(prefix="/api", tags=["dashboard (session only)"])
 

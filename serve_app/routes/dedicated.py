@@ -13,8 +13,6 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 
 from serve_app.dedicated.api.facade import Dedicated
-from serve_app.ingress.deps import DedicatedCaller, State
-from serve_app.ingress.openapi import ERROR_RESPONSES
 from serve_app.protocol.dedicated import (
     DedicatedCreateRequest,
     DedicatedEndpoint,
@@ -30,6 +28,8 @@ from serve_app.protocol.dedicated import (
     Window,
 )
 from serve_app.protocol.errors import NotFoundError
+from serve_app.requests.deps import DedicatedCaller, State
+from serve_app.requests.openapi import ERROR_RESPONSES
 
 router = APIRouter(prefix="/api/dedicated", tags=["dedicated endpoints"], responses=ERROR_RESPONSES)
 

@@ -13,9 +13,9 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, File, Form, Query, Response, UploadFile
 
 from serve_app.files.service import FileService
-from serve_app.ingress.deps import InferenceCaller, State
-from serve_app.ingress.openapi import ERROR_RESPONSES
 from serve_app.protocol.files import FileDeleted, FileList, FileObject
+from serve_app.requests.deps import InferenceCaller, State
+from serve_app.requests.openapi import ERROR_RESPONSES
 from serve_app.routes.answers import http_response
 
 FILES_PATH = "/v1/files"

@@ -7,14 +7,14 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from serve_app.inference.messages.service import parse_betas
-from serve_app.ingress.deps import MessagesCaller, State
-from serve_app.ingress.openapi import ANTHROPIC_ERROR_RESPONSES
 from serve_app.protocol.messages import (
     CountTokensRequest,
     CountTokensResponse,
     MessageResponse,
     MessagesRequest,
 )
+from serve_app.requests.deps import MessagesCaller, State
+from serve_app.requests.openapi import ANTHROPIC_ERROR_RESPONSES
 from serve_app.routes.answers import http_response
 
 router = APIRouter(prefix="/v1", tags=["messages"])

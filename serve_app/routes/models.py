@@ -6,10 +6,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from serve_app.ingress.deps import InferenceCaller, State
-from serve_app.ingress.openapi import ERROR_RESPONSES
 from serve_app.protocol.errors import model_not_found
 from serve_app.protocol.models import ModelCard, ModelList
+from serve_app.requests.deps import InferenceCaller, State
+from serve_app.requests.openapi import ERROR_RESPONSES
 
 router = APIRouter(prefix="/v1", tags=["models"])
 

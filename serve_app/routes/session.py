@@ -15,8 +15,6 @@ from fastapi.responses import RedirectResponse
 
 from serve_app.auth.dashboard import SESSION_COOKIE
 from serve_app.auth.sessions import Session
-from serve_app.ingress.deps import Dashboard, SessionCaller
-from serve_app.ingress.openapi import ERROR_RESPONSES
 from serve_app.protocol.dashboard import (
     PasswordChangeRequest,
     SessionObject,
@@ -26,6 +24,8 @@ from serve_app.protocol.dashboard import (
     SwitchOrgRequest,
 )
 from serve_app.protocol.errors import InvalidRequestError
+from serve_app.requests.deps import Dashboard, SessionCaller
+from serve_app.requests.openapi import ERROR_RESPONSES
 
 router = APIRouter(tags=["dashboard session"])
 

@@ -14,8 +14,8 @@ from fastapi import APIRouter, Request
 from fastapi.routing import APIRoute
 from starlette.routing import Match
 
-from serve_app.ingress.deps import session_caller
 from serve_app.protocol.errors import MethodNotAllowedError, NotFoundError
+from serve_app.requests.deps import session_caller
 
 router = APIRouter(prefix="/api", tags=["dashboard (session only)"])
 

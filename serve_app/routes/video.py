@@ -11,13 +11,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, Response
 
-from serve_app.ingress.deps import InferenceCaller, State
-from serve_app.ingress.openapi import ERROR_RESPONSES
 from serve_app.protocol.video import (
     VideoGenerationJob,
     VideoGenerationJobList,
     VideoGenerationRequest,
 )
+from serve_app.requests.deps import InferenceCaller, State
+from serve_app.requests.openapi import ERROR_RESPONSES
 from serve_app.routes.answers import http_response
 
 router = APIRouter(prefix="/v1/video", tags=["video"])

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from serve_app.contract.text import HeadRequest
+from serve_app.contract.chat import HeadRequest
 from serve_app.tools.declarations import ServerToolPlan
 
 SearchScope = Literal["web", "local"]

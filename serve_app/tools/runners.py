@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from serve_app.contract.chat import ToolCallDelta
 from serve_app.contract.sandbox import CodeRun, SandboxUnavailableError
-from serve_app.contract.text import ToolCallDelta
 from serve_app.protocol.responses import ServerToolCallItem, ServerToolItemType
 from serve_app.tools.citations import SourceList
 from serve_app.tools.config import ToolsOptions
@@ -82,14 +82,16 @@ class ToolRuntime:
         state_dir: Path | None = None,
         *,
         sandbox: CodeSandbox,
+        seed_root: Path,
     ) -> ToolRuntime:
         """``state_dir``: where the ``local`` search provider finds its index by default;
         ``sandbox``: the tool-runner deployment's client, or the in-process sandbox
-        (the composition root chooses)."""
+        (the composition root chooses); ``seed_root``: what the ``local`` index's relative
+        seed paths are relative to (the repository root)."""
         fetch = options.web_fetch
         return cls(
             options=options,
-            search=build_search_provider(options.web_search, state_dir),
+            search=build_search_provider(options.web_search, state_dir, seed_root),
             fetcher=SafeFetcher(
                 timeout_s=fetch.timeout_s,
                 max_bytes=fetch.max_bytes,

@@ -105,8 +105,14 @@ class BraveProvider(_HttpProvider):
         return self._hits(rows, "description", count)
 
 
-def build_search_provider(options: WebSearchOptions, state_dir: Path | None) -> SearchProvider:
+def build_search_provider(
+    options: WebSearchOptions, state_dir: Path | None, seed_root: Path
+) -> SearchProvider:
     """The configured provider; ``state_dir`` locates the ``local`` index by default.
+
+    ``seed_root`` is what relative ``seed_paths`` and the seeded pages' URL paths are
+    relative to: the repository root, handed down by the composition root
+    (``serve_app.config.REPO_ROOT``) so the tool backends never reach up to the config.
 
     ``local`` seeds its index here (in the replica, before it serves) when
     ``seed_paths`` is set and the index is empty, so the embedded default has
@@ -117,13 +123,13 @@ def build_search_provider(options: WebSearchOptions, state_dir: Path | None) -> 
     if options.provider == "brave":
         return BraveProvider(options)
     if options.provider == "local":
-        return _local_provider(options, state_dir)
+        return _local_provider(options, state_dir, seed_root)
     return DisabledSearchProvider()
 
 
-def _local_provider(options: WebSearchOptions, state_dir: Path | None) -> SearchProvider:
-    from serve_app.config import REPO_ROOT
-
+def _local_provider(
+    options: WebSearchOptions, state_dir: Path | None, seed_root: Path
+) -> SearchProvider:
     local = options.local
     if local.index_path:
         path = Path(local.index_path).expanduser()
@@ -133,6 +139,6 @@ def _local_provider(options: WebSearchOptions, state_dir: Path | None) -> Search
         raise ValueError("tools.web_search.local.index_path is required without a state dir")
     index = local_search.LocalSearchIndex(path)
     if local.seed_paths and local.seed_base_url:  # the config requires both together
-        seeds = [p if p.is_absolute() else REPO_ROOT / p for p in map(Path, local.seed_paths)]
-        local_search.seed_index(index, seeds, local.seed_base_url, REPO_ROOT)
+        seeds = [p if p.is_absolute() else seed_root / p for p in map(Path, local.seed_paths)]
+        local_search.seed_index(index, seeds, local.seed_base_url, seed_root)
     return local_search.LocalSearchProvider(index, options.snippet_chars)

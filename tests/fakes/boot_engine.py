@@ -8,7 +8,7 @@ a setting does not fit the hardware.
 
 from __future__ import annotations
 
-from deployments.text.base import EngineInfo
+from deployments.chat.base import EngineInfo
 from tests.fakes.scripted_engine import ScriptedEngine
 
 

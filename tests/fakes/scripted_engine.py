@@ -28,9 +28,9 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from deployments.text.base import EngineEvent, EngineInfo, PreparedPrompt, TextEngine
+from deployments.chat.base import EngineEvent, EngineInfo, PreparedPrompt, TextEngine
 from serve_app.contract.adapters import ADAPTER_CONFIG, BaseShapes, LoraSettings, base_shapes
-from serve_app.contract.text import (
+from serve_app.contract.chat import (
     GenerationDone,
     PromptSpec,
     SamplingSpec,

@@ -1,6 +1,6 @@
 """A scripted pooling engine for tests of the gateway's own logic (no model).
 
-It follows ``deployments.embedding.base``: a text's tokens are its lower-cased words
+It follows ``deployments.embeddings.base``: a text's tokens are its lower-cased words
 plus two special tokens; its vector is the normalised bag of its words (not the special
 tokens) hashed into
 ``dimensions`` buckets, so texts sharing words have a higher cosine than texts that
@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from deployments.embedding.base import PoolingEngine
-from deployments.embedding.factory import register_pooling_backend
-from serve_app.contract.embedding import (
+from deployments.embeddings.base import PoolingEngine
+from deployments.embeddings.factory import register_pooling_backend
+from serve_app.contract.embeddings import (
     VECTOR_DTYPE,
     EmbedHeadRequest,
     EmbedHeadResult,

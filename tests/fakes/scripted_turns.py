@@ -23,8 +23,8 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from deployments.text.base import EngineEvent
-from serve_app.contract.text import (
+from deployments.chat.base import EngineEvent
+from serve_app.contract.chat import (
     GenerationDone,
     PromptSpec,
     SamplingSpec,

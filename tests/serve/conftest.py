@@ -338,7 +338,7 @@ def serve_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeStack
     import ray
     from ray import serve
 
-    from deployments.models.prepared_models import prepare_in_child
+    from deployments.local_models.prepared_models import prepare_in_child
     from serve_app.builders import build_gateway_app
 
     models = prepare_in_child(SMOLLM).parent

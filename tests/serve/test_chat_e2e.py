@@ -178,6 +178,6 @@ def test_chat_replica_log_file_has_our_lines_and_requests(serve_stack: ServeStac
     logs = list((session / "logs" / "serve").glob(f"replica_gateway_chat-{SMOLLM}_*.log"))
     assert logs, "no Serve log file for the SmolLM2 head"
     text = "\n".join(log.read_text(errors="replace") for log in logs)
-    assert f"head {SMOLLM} ready" in text  # deployments.text.head, at start
-    assert "vLLM engine for" in text  # deployments.text.vllm_engine
+    assert f"head {SMOLLM} ready" in text  # deployments.chat.head, at start
+    assert "vLLM engine for" in text  # deployments.chat.vllm_engine
     assert "generate" in text  # Serve's access line for the gateway's call

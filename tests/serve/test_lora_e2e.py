@@ -31,7 +31,7 @@ QUESTIONS = ("What is the capital of Portugal?", "What colour is a lemon?", "Wha
 
 
 def _trained_files() -> dict[str, bytes]:
-    from deployments.models.prepared_models import prepare_in_child
+    from deployments.local_models.prepared_models import prepare_in_child
 
     folder = prepare_in_child("smollm2-json-lora")  # built by the stack already
     names = ("adapter_config.json", "adapter_model.safetensors")

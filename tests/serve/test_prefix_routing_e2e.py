@@ -19,8 +19,8 @@ from ray import serve
 from ray.serve._private.constants import SERVE_NAMESPACE
 from ray.serve.config import RequestRouterConfig
 
-from deployments.text.prefix_router import ROUTER_CLASS, router_kwargs
-from serve_app.contract.text import HeadRequest, PromptSpec, SamplingSpec
+from deployments.chat.prefix_router import ROUTER_CLASS, router_kwargs
+from serve_app.contract.chat import HeadRequest, PromptSpec, SamplingSpec
 
 APP = "prefix-probe"
 

@@ -2,7 +2,7 @@
 
 `qwen3-tiny-reasoning-demo` is a tiny random-weight Qwen3 served by the real chat head on
 vLLM's OpenAI serving layer with vLLM's own ``qwen3`` reasoning parser
-(deployments/models/tiny_reasoning_model.py). Its tokens are random and never close the
+(deployments/local_models/tiny_reasoning_model.py). Its tokens are random and never close the
 think block, so with thinking on (the default) the parser puts the whole output on the
 reasoning channel and counts it as reasoning tokens; with ``reasoning_effort: none``
 (``enable_thinking: false`` in Qwen3's template, read by the parser too) it is all content.

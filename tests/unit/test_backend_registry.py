@@ -26,17 +26,17 @@ from deployments.audio.factory import (
     register_speech_backend,
     register_transcription_backend,
 )
-from deployments.document.base import DetectEngine, ParseEngine
-from deployments.document.factory import (
+from deployments.chat.base import TextEngine
+from deployments.chat.factory import build_text_engine, register_text_backend
+from deployments.documents.base import DetectEngine, ParseEngine
+from deployments.documents.factory import (
     build_detect_engine,
     build_parse_engine,
     register_detect_backend,
     register_parse_backend,
 )
-from deployments.embedding.base import PoolingEngine
-from deployments.embedding.factory import build_pooling_engine, register_pooling_backend
-from deployments.text.base import TextEngine
-from deployments.text.factory import build_text_engine, register_text_backend
+from deployments.embeddings.base import PoolingEngine
+from deployments.embeddings.factory import build_pooling_engine, register_pooling_backend
 from deployments.video.base import VideoEngine
 from deployments.video.factory import build_video_engine, register_video_backend
 from serve_app.config import REPO_ROOT
@@ -62,11 +62,11 @@ FACTORIES: dict[str, tuple[type, Build, Register, tuple[Any, ...]]] = {
 HEAD_KINDS_MODULE = "serve_app.contract.head_kinds"
 
 FACTORY_MODULES = (
-    "deployments/text/factory.py",
+    "deployments/chat/factory.py",
     "deployments/audio/factory.py",
-    "deployments/document/factory.py",
+    "deployments/documents/factory.py",
     "deployments/video/factory.py",
-    "deployments/embedding/factory.py",
+    "deployments/embeddings/factory.py",
 )
 
 

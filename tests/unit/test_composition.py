@@ -19,7 +19,7 @@ from serve_app.config import GatewayAppArgs
 from serve_app.inference.readiness import HeadReadiness
 from serve_app.ingress.app import create_app
 from serve_app.ingress.idempotency import IdempotencyMiddleware
-from serve_app.ingress.state import GatewayState
+from serve_app.requests.state import GatewayState
 from serve_app.settings import GatewaySettings
 from serve_app.storage.db import Database
 from serve_app.tools.sandbox import RemoteSandbox

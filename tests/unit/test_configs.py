@@ -171,7 +171,7 @@ THINK_TAG_PARSERS = ("deepseek_r1", "qwen3")
 
 @pytest.mark.parametrize("path", CATALOG_FILES, ids=_rel)
 def test_own_fleet_chat_engines_validate_against_the_vllm_backend(path: Path) -> None:
-    vllm_config = pytest.importorskip("deployments.text.vllm_config")
+    vllm_config = pytest.importorskip("deployments.chat.vllm_config")
     checked = 0
     for model in map(CatalogModel.model_validate, _catalog_entries(path)):
         if model.head != "chat" or model.is_external:

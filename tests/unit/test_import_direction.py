@@ -15,14 +15,24 @@ and ``importlib.import_module("literal")``. A failure lists each offending
   import no service, route, ingress or root;
 - the foundations (auth, limits, billing, storage, catalog) import no service,
   route or ingress module, and no head;
-- ``serve_app.routes`` is the top: only the ingress (which assembles the app) imports it;
-- the ingress keeps HTTP concerns only: the services (``inference``) and the tools
-  import nothing from ``serve_app.ingress`` (stream handling lives in
+- ``serve_app.routes`` is the top of the request path: only the ingress (which assembles
+  the app) imports it;
+- the app assembly (``serve_app.ingress``: the Serve class, the app, middleware, the error
+  mapper) sits above the routes: only the Serve builder imports it, so neither a route nor
+  what the routes import (``serve_app.requests``: caller dependencies, ``GatewayState``,
+  the OpenAPI error responses, the replay store) nor the composition root climbs back;
+- ``serve_app.requests`` sits below the routes: it imports no route and no assembly;
+- the HTTP layers stay HTTP: the services (``inference``) and the tools import nothing
+  from ``serve_app.ingress`` or ``serve_app.requests`` (stream handling lives in
   ``serve_app.inference.streams``);
+- the wire types (``serve_app.protocol``) import only themselves and the contract: no
+  service, store, route or head (a rule the API validates by lives in ``protocol``, and
+  the service imports it from there);
 - ``serve_app.tools`` holds the tool backends (sandbox client, search, fetch,
   citations, declarations) and ``serve_app.outbound`` the one address guard: both
-  sit below the services, so neither imports ``inference``, ``jobs``, ``dedicated``
-  or the ingress; the tool-calling loop that runs the backends is a service
+  sit below the services, so neither imports ``inference``, ``jobs``, ``dedicated``,
+  the HTTP layers or the config (``serve_app.config``: what they need of it is handed
+  down by the composition root); the tool-calling loop that runs the backends is a service
   (``serve_app.inference.chat.tool_loop``, ``chat.tools``);
 - the services (``serve_app.inference``, ``batches``, ``files``, ``adapters``) and the wire
   types (``protocol``) speak no web framework
@@ -55,6 +65,7 @@ FOUNDATIONS = ("auth", "limits", "billing", "storage", "catalog")
 ABOVE_FOUNDATIONS = (
     "routes",
     "ingress",
+    "requests",
     "inference",
     "jobs",
     "files",
@@ -74,6 +85,7 @@ ABOVE_HEAD_CLIENTS = tuple(
     for p in (
         "routes",
         "ingress",
+        "requests",
         "inference",
         "jobs",
         "files",
@@ -137,18 +149,37 @@ RULES = (
         lambda dst: _within(dst, "serve_app.routes"),
     ),
     Rule(
-        "tool backends and the outbound guard import no service (the tool loop is one)",
-        lambda src: _within(src, "serve_app.tools", "serve_app.outbound"),
-        lambda dst: _within(
-            dst, *(f"serve_app.{p}" for p in ("inference", "jobs", "dedicated", "ingress"))
+        "only the Serve builder imports the app assembly (serve_app.ingress)",
+        lambda src: not _within(src, "serve_app.ingress", "serve_app.builders"),
+        lambda dst: _within(dst, "serve_app.ingress"),
+    ),
+    Rule(
+        "serve_app.requests sits below the routes: it imports no route",
+        lambda src: _within(src, "serve_app.requests"),
+        lambda dst: _within(dst, "serve_app.routes"),
+    ),
+    Rule(
+        "the wire types (serve_app.protocol) import only themselves and the contract",
+        lambda src: _within(src, "serve_app.protocol"),
+        lambda dst: (
+            _within(dst, "deployments", "serve_app")
+            and not _within(dst, "serve_app.protocol", "serve_app.contract")
         ),
     ),
     Rule(
-        "services and tools import nothing from serve_app.ingress (HTTP only)",
+        "tool backends and the outbound guard import no service or config (the loop is one)",
+        lambda src: _within(src, "serve_app.tools", "serve_app.outbound"),
+        lambda dst: _within(
+            dst,
+            *(f"serve_app.{p}" for p in ("inference", "jobs", "dedicated", "requests", "config")),
+        ),
+    ),
+    Rule(
+        "services and tools import nothing from the HTTP layers (ingress, requests)",
         lambda src: _within(
             src, "serve_app.inference", "serve_app.tools", "serve_app.files", "serve_app.batches"
         ),
-        lambda dst: _within(dst, "serve_app.ingress"),
+        lambda dst: _within(dst, "serve_app.ingress", "serve_app.requests"),
     ),
     Rule(
         "services return answers, the routes make them HTTP: no fastapi or starlette below",
@@ -393,49 +424,61 @@ def test_the_checker_names_each_cycle_with_its_imports(
 
 UPWARD = {
     "deployments/head.py": "def f():\n    from serve_app.jobs.store import JobStore\n",
-    "deployments/text/x.py": "import serve_app.settings\n",
-    "deployments/text/y.py": "from serve_app import settings\n",
-    "deployments/text/z.py": "import importlib\nimportlib.import_module('serve_app.storage')\n",
+    "deployments/chat/x.py": "import serve_app.settings\n",
+    "deployments/chat/y.py": "from serve_app import settings\n",
+    "deployments/chat/z.py": "import importlib\nimportlib.import_module('serve_app.storage')\n",
     "serve_app/contract/a.py": "from typing import TYPE_CHECKING\n"
-    "if TYPE_CHECKING:\n    from deployments.text.base import TextEngine\n",
+    "if TYPE_CHECKING:\n    from deployments.chat.base import TextEngine\n",
     "serve_app/contract/b.py": "from ..settings import get_settings\n",
     "serve_app/protocol/c.py": "from deployments.video import base\n",
     "serve_app/billing/d.py": "from serve_app.inference.metering import MeteredRequest\n",
     "serve_app/storage/__init__.py": "from . import x\nfrom ..routes import chat\n",
     "serve_app/inference/e.py": "from serve_app.routes.chat import router\n",
-    "serve_app/heads/f.py": "def f():\n    from deployments.text.head import ChatHeadCore\n",
+    "serve_app/heads/f.py": "def f():\n    from deployments.chat.head import ChatHeadCore\n",
     "serve_app/dedicated/g.py": "from deployments.dedicated_head import DedicatedHead\n",
     "serve_app/ingress/h.py": "import deployments.replica_logging\n",
     "serve_app/heads/i.py": "from serve_app.inference.metering import Metering\n",
-    "serve_app/inference/j.py": "from serve_app.ingress.deps import caller\n",
+    "serve_app/inference/j.py": "from serve_app.requests.deps import caller\n",
     "serve_app/tools/k.py": "def f():\n    import serve_app.ingress\n",
     "serve_app/tools/l.py": "from serve_app.inference.metering import MeteredRequest\n",
     "serve_app/outbound/m.py": "from ..inference import images\n",
     "serve_app/inference/chat/n.py": "from fastapi.responses import JSONResponse\n",
     "serve_app/batches/o.py": "def f():\n    import starlette.responses\n",
+    "serve_app/routes/p.py": "from serve_app.ingress.app import create_app\n",
+    "serve_app/requests/q.py": "from serve_app.routes.chat import router\n",
+    "serve_app/protocol/r.py": "from serve_app.dedicated.alias import SLUG_PATTERN\n",
+    "serve_app/tools/s.py": "def f():\n    from serve_app.config import REPO_ROOT\n",
+    "serve_app/composition.py": "from serve_app.ingress.replays import build_replay_store\n",
 }
 ALLOWED = {
-    "deployments/ok.py": "from serve_app.contract.text import TextDelta\n"
+    "deployments/ok.py": "from serve_app.contract.chat import TextDelta\n"
     "from serve_app import contract\nimport serve_app.contract.errors\n",
     "serve_app/contract/ok.py": "from serve_app.contract.errors import HeadFailure\n"
     "from .errors import GatewayError\nimport pydantic\n",
     "serve_app/routes/ok.py": "from serve_app.inference.metering import MeteredRequest\n"
-    "from fastapi.responses import Response\nfrom serve_app.inference.answers import Body\n",
+    "from fastapi.responses import Response\nfrom serve_app.inference.answers import Body\n"
+    "from serve_app.requests.deps import InferenceCaller, State\n",
     "serve_app/ingress/ok.py": "from serve_app.routes import chat\n"
-    "from serve_app.inference.streams import MeteredStream\n",
+    "from serve_app.inference.streams import MeteredStream\n"
+    "from serve_app.requests.openapi import install_openapi\n",
+    "serve_app/requests/ok.py": "from serve_app.inference.chat.service import TextService\n"
+    "from fastapi import Depends\n",
+    "serve_app/protocol/ok.py": "from serve_app.protocol.common import WholeInt\n"
+    "from serve_app.contract.audio import sniff_container\nimport pydantic\n",
     "serve_app/inference/ok.py": "from serve_app.tools.runners import ToolBox\n"
     "from serve_app.outbound import safe_get\n",
     "serve_app/tools/ok.py": "from serve_app.outbound import AddressGuard\n"
-    "from serve_app.contract.text import ToolCallDelta\n",
+    "from serve_app.contract.chat import ToolCallDelta\n",
     "serve_app/billing/ok.py": "from serve_app.storage.db import Database\n"
     "from serve_app.catalog.config import PricingConfig\n",
     "serve_app/composition.py": "from deployments.sandbox.bwrap import BwrapSandbox\n"
     "from serve_app.heads.client import RayHeadClient\n",
-    "serve_app/builders.py": "from deployments.text.head import ChatHead\n",
-    "serve_app/cli/ok.py": "from deployments.models.prepared_models import ensure_model\n",
-    "serve_app/heads/ok.py": "from serve_app.contract.text import HeadEvent\n"
+    "serve_app/builders.py": "from deployments.chat.head import ChatHead\n",
+    "serve_app/cli/ok.py": "from deployments.local_models.prepared_models import ensure_model\n",
+    "serve_app/heads/ok.py": "from serve_app.contract.chat import HeadEvent\n"
     "from serve_app.catalog.config import CatalogModel\n",
-    "serve_app/dedicated/ok.py": "from serve_app.heads.client import HeadClient\n",
+    "serve_app/dedicated/ok.py": "from serve_app.heads.client import HeadClient\n"
+    "from serve_app.protocol.dedicated import SLUG_PATTERN\n",
 }
 
 
@@ -445,12 +488,13 @@ ALLOWED = {
         pytest.param(
             UPWARD,
             [
+                "deployments/chat/x.py:1",
+                "deployments/chat/y.py:1",
+                "deployments/chat/z.py:2",
                 "deployments/head.py:2",
-                "deployments/text/x.py:1",
-                "deployments/text/y.py:1",
-                "deployments/text/z.py:2",
                 "serve_app/batches/o.py:2",
                 "serve_app/billing/d.py:1",
+                "serve_app/composition.py:1",  # below the app assembly
                 "serve_app/contract/a.py:3",
                 "serve_app/contract/a.py:3",  # the contract, and not the root: two rules
                 "serve_app/contract/b.py:1",
@@ -462,12 +506,18 @@ ALLOWED = {
                 "serve_app/inference/j.py:1",
                 "serve_app/ingress/h.py:1",
                 "serve_app/outbound/m.py:1",
-                "serve_app/protocol/c.py:1",
+                "serve_app/protocol/c.py:1",  # only the root imports heads,
+                "serve_app/protocol/c.py:1",  # and the wire types import no head
+                "serve_app/protocol/r.py:1",
+                "serve_app/requests/q.py:1",  # only the ingress imports routes,
+                "serve_app/requests/q.py:1",  # and the requests sit below them
+                "serve_app/routes/p.py:1",
                 "serve_app/storage/__init__.py:2",  # a foundation importing routes,
                 "serve_app/storage/__init__.py:2",  # and a module besides the ingress
                 "serve_app/tools/k.py:2",  # below the services,
                 "serve_app/tools/k.py:2",  # and the ingress is HTTP only
                 "serve_app/tools/l.py:1",
+                "serve_app/tools/s.py:2",
             ],
             id="upward imports",
         ),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from deployments.models.model_prep import default_models_dir
+from deployments.local_models.model_prep import default_models_dir
 from serve_app.contract.paths import DEFAULT_STATE_DIR, models_dir_from_environment
 from serve_app.settings import GatewaySettings
 

@@ -1,4 +1,4 @@
-"""The chat heads' prefix router (deployments/text/prefix_router.py): its text, its
+"""The chat heads' prefix router (deployments/chat/prefix_router.py): its text, its
 namespaces, its choice among fake replicas, and its clean-up of dead ones.
 
 The router under test is Ray's real ``PrefixCacheAffinityRouter`` logic with Ray's real
@@ -19,7 +19,7 @@ from ray.serve._private.common import DeploymentHandleSource, RequestMetadata
 from ray.serve._private.test_utils import FAKE_REPLICA_DEPLOYMENT_ID, FakeRunningReplica
 from ray.serve.request_router import PendingRequest
 
-from deployments.text.prefix_router import (
+from deployments.chat.prefix_router import (
     ChatPrefixRouter,
     FastPrefixTree,
     namespace,
@@ -28,7 +28,7 @@ from deployments.text.prefix_router import (
     routing_text,
 )
 from serve_app.contract.adapters import AdapterRef
-from serve_app.contract.text import HeadRequest, PromptSpec, SamplingSpec
+from serve_app.contract.chat import HeadRequest, PromptSpec, SamplingSpec
 from tests.fixtures.gateway import GatewayHarness
 from tests.fixtures.prefix_tree import LocalTree, NoRay
 

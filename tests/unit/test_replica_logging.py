@@ -35,9 +35,9 @@ def test_info_records_of_heads_reach_stderr_once(
 ) -> None:
     configure_replica_logging()
     configure_replica_logging()  # a second deployment in the same worker
-    logging.getLogger("deployments.text.vllm_engine").info("engine up in %.1f s", 12.0)
+    logging.getLogger("deployments.chat.vllm_engine").info("engine up in %.1f s", 12.0)
     err = capsys.readouterr().err
-    assert err.count("deployments.text.vllm_engine: engine up in 12.0 s") == 1
+    assert err.count("deployments.chat.vllm_engine: engine up in 12.0 s") == 1
 
 
 def test_the_level_comes_from_the_environment(
@@ -66,7 +66,7 @@ def test_in_a_serve_replica_records_reach_the_replica_log_file(
     serve_logger.handlers[:] = [logging.handlers.MemoryHandler(1, target=file_handler)]
     try:
         configure_replica_logging()
-        logging.getLogger("deployments.text.head").info("head ready")
+        logging.getLogger("deployments.chat.head").info("head ready")
         # A child made now: vLLM's own dictConfig, run by an earlier test of the session,
         # disabled the vLLM loggers that existed then (disable_existing_loggers).
         logging.getLogger("vllm.replica_logging_probe").info("engine up")

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from deployments.text import prefix_router
+from deployments.chat import prefix_router
 from serve_app.builders import head_application, request_router_config
 from serve_app.catalog.config import CatalogModel
 from serve_app.cli import main

@@ -86,7 +86,7 @@ def test_the_shipped_list_names_real_tests_with_reasons() -> None:
         "tests/unit/tools/test_sandbox.py::test_slirp_network_refuses_host_loopback_and_private_ranges",
         "tests/unit/tools/test_sandbox_abuse.py::test_forking_memory_bomb_is_bounded_for_the_whole_run",
         "tests/faults/test_outages.py::test_x",
-        "tests/unit/text/test_vllm_engine.py",
+        "tests/unit/chat/test_vllm_engine.py",
     ):
         assert unallowed({node: "why"}, entries) == {node: "why"}
     assert unallowed({"a::b": "r"}, [Allowed("a::*", "ok")]) == {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from deployments.models.reference import PACKAGED, PREPARED, parse
+from deployments.local_models.reference import PACKAGED, PREPARED, parse
 from deployments.registry import Backend, Runtime
 from serve_app.cli.check.problems import Problem, first_line, import_error
 from serve_app.settings import GatewaySettings
@@ -48,8 +48,8 @@ def check_source(
 
 
 def _check_prepared(subject: str, name: str, settings: GatewaySettings) -> Problem | None:
-    from deployments.models.model_prep import MARKER_NAME, RECIPES, locate
-    from deployments.models.prepared_models import PREPARABLE_MODELS
+    from deployments.local_models.model_prep import MARKER_NAME, RECIPES, locate
+    from deployments.local_models.prepared_models import PREPARABLE_MODELS
 
     if name not in PREPARABLE_MODELS:
         return Problem(
@@ -89,7 +89,7 @@ def check_packaged(subject: str, runtime: Runtime) -> list[Problem]:
 
 def _check_packaged_model(subject: str, dist: str) -> Problem | None:
     """``packaged:<dist>``: a model folder inside a PyPI wheel (a Whisper or pooling model)."""
-    from deployments.models.packaged import PACKAGED_MODELS
+    from deployments.local_models.packaged import PACKAGED_MODELS
 
     if dist not in PACKAGED_MODELS:
         return Problem(

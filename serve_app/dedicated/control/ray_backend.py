@@ -95,7 +95,7 @@ class RayServeBackend:
     ``head`` is the deployment every chat endpoint's app is built from
     (``deployments.dedicated_head.DedicatedHead``, a Serve Deployment whose type the
     decorator hides) and ``pooling_head`` the one of embedding and scoring endpoints
-    (``deployments.embedding.head.PoolingHead``, the catalog's own pooling head); the
+    (``deployments.embeddings.head.PoolingHead``, the catalog's own pooling head); the
     composition root passes them, so this module imports no head.
     """
 

@@ -1,6 +1,6 @@
 """The engine offer of a pooling model (embeddings, scores) for a dedicated endpoint.
 
-A pooling head runs vLLM's pooling runner (``deployments.embedding.config``): it
+A pooling head runs vLLM's pooling runner (``deployments.embeddings.config``): it
 takes ``max_model_len`` and ``max_num_seqs`` like a chat engine, but an encoder
 keeps no prefix cache between calls and generates nothing to speculate on, so
 those two settings are never offered (reason ``pooling_model``). Its windows are

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
-from serve_app.contract.embedding import (
+from serve_app.contract.embeddings import (
     EmbedHeadReply,
     EmbedHeadRequest,
     ScoreHeadReply,

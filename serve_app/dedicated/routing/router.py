@@ -27,9 +27,9 @@ from typing import Any
 from serve_app.auth.principal import Principal
 from serve_app.background import PeriodicLoop
 from serve_app.catalog.config import CatalogModel, PricingConfig
+from serve_app.contract.chat import GenerationDone, HeadEvent, HeadRequest, TextDelta
 from serve_app.contract.dedicated import ServedBy
 from serve_app.contract.errors import HeadFailure
-from serve_app.contract.text import GenerationDone, HeadEvent, HeadRequest, TextDelta
 from serve_app.dedicated.alias import app_name_for, is_dedicated_alias, slug_of
 from serve_app.dedicated.api.views import admit_call
 from serve_app.dedicated.context import BuiltOnContext, DedicatedContext

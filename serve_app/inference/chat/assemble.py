@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Generic, TypeVar, cast
 from pydantic import TypeAdapter
 
 from serve_app.catalog.config import CatalogModel
-from serve_app.contract.text import (
+from serve_app.contract.chat import (
     GenerationDone,
     HeadEvent,
     TextDelta,

@@ -20,7 +20,7 @@ from typing import Protocol
 from serve_app.auth.principal import Principal
 from serve_app.catalog.catalog import Catalog, residency_routing
 from serve_app.catalog.config import CatalogModel
-from serve_app.contract.text import GenerationDone, HeadEvent, HeadRequest, HeadStarted, TextDelta
+from serve_app.contract.chat import GenerationDone, HeadEvent, HeadRequest, HeadStarted, TextDelta
 from serve_app.heads.client import HeadClient
 from serve_app.inference.answers import Answer
 from serve_app.inference.chat.assemble import (

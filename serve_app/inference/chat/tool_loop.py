@@ -33,8 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from serve_app.contract.errors import HeadFailure
-from serve_app.contract.text import (
+from serve_app.contract.chat import (
     GenerationDone,
     HeadEvent,
     HeadRequest,
@@ -44,6 +43,7 @@ from serve_app.contract.text import (
     ToolCallDelta,
     merge_tool_call,
 )
+from serve_app.contract.errors import HeadFailure
 from serve_app.inference.metering import MeteredRequest
 from serve_app.inference.streams import aclose_quietly
 from serve_app.protocol.errors import UpstreamError

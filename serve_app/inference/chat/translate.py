@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from serve_app.catalog.catalog import honours_structured_outputs
 from serve_app.catalog.config import CatalogModel
-from serve_app.contract.text import HeadRequest, PromptSpec, SamplingSpec
+from serve_app.contract.chat import HeadRequest, PromptSpec, SamplingSpec
 from serve_app.inference.chat.reasoning import translate_reasoning_effort
 from serve_app.inference.ids import new_request_id
 from serve_app.inference.images import ImageFetcher, ImagePolicy

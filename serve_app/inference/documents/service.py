@@ -23,7 +23,7 @@ from serve_app.auth.principal import Principal
 from serve_app.billing.records import UsageQuantities
 from serve_app.catalog.catalog import Catalog
 from serve_app.catalog.config import CatalogModel
-from serve_app.contract.document import (
+from serve_app.contract.documents import (
     MAX_IMAGE_PIXELS,
     DetectHeadRequest,
     DetectHeadResult,
@@ -38,7 +38,7 @@ from serve_app.inference.images import ImagePolicy, check_image_bytes
 from serve_app.inference.metering import Metering, RequestMeta
 from serve_app.inference.readiness import HeadReadiness
 from serve_app.inference.unary_service import UnaryHeadService
-from serve_app.protocol.document import (
+from serve_app.protocol.documents import (
     DetectedRegion,
     DetectRequest,
     DetectResponse,

@@ -27,7 +27,7 @@ from serve_app.auth.principal import Principal
 from serve_app.billing.records import UsageQuantities
 from serve_app.catalog.catalog import Catalog, route_for
 from serve_app.catalog.config import CatalogModel, Modality
-from serve_app.contract.embedding import (
+from serve_app.contract.embeddings import (
     VECTOR_DTYPE,
     EmbedHeadRequest,
     EmbedHeadResult,

@@ -34,7 +34,7 @@ from typing import Any, Literal, TypeVar, cast
 
 from pydantic import TypeAdapter
 
-from serve_app.contract.text import GenerationDone, TextDelta, ToolCallDelta
+from serve_app.contract.chat import GenerationDone, TextDelta, ToolCallDelta
 from serve_app.protocol.errors import GatewayError
 from serve_app.protocol.responses import (
     AnnotationAddedEvent,

@@ -21,7 +21,7 @@ from serve_app.auth.principal import Principal
 from serve_app.catalog.catalog import residency_routing
 from serve_app.catalog.config import CatalogModel
 from serve_app.config import ResponsesOptions
-from serve_app.contract.text import (
+from serve_app.contract.chat import (
     GenerationDone,
     HeadRequest,
     HeadStarted,

@@ -22,14 +22,14 @@ import pytest
 import ray.serve.api
 import ray.serve.multiplex
 
-from deployments.text.adapters import (
+from deployments.chat.adapters import (
     MULTIPLEX_WRAPPER_ATTR,
     AdapterFiles,
     AdapterSlots,
     MultiplexedAdapter,
     drop_multiplexed,
 )
-from deployments.text.head import ChatHead, ChatHeadCore
+from deployments.chat.head import ChatHead, ChatHeadCore
 from serve_app.contract.adapters import AdapterRef
 from serve_app.heads.client import FORGET_QUIET_CALLS, RayHeadClient
 from serve_app.protocol.errors import NotFoundError

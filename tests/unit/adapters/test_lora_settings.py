@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from deployments.text.adapters import AdapterFiles, AdapterSlots
-from deployments.text.vllm_config import VLLMEngineConfig
+from deployments.chat.adapters import AdapterFiles, AdapterSlots
+from deployments.chat.vllm_config import VLLMEngineConfig
 from serve_app.catalog.config import CatalogModel
 from serve_app.cli.serve import prepared_models
 from serve_app.contract.adapters import AdapterRef, split_adapter_id

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from deployments.embedding.head import PoolingHeadCore
+from deployments.embeddings.head import PoolingHeadCore
 from serve_app.heads.client import LocalPoolingClient, PoolingClient
 from serve_app.storage.objects import LocalObjectStore
 from tests.fakes.scripted_pooling import ScriptedPoolingEngine

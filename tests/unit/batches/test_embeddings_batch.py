@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
-from deployments.embedding.head import PoolingHeadCore
+from deployments.embeddings.head import PoolingHeadCore
 from serve_app.heads.client import LocalPoolingClient, PoolingClient
 from tests.fakes.scripted_pooling import ScriptedPoolingEngine
 from tests.fixtures.gateway import CATALOG

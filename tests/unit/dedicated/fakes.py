@@ -19,16 +19,16 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployments.embedding.head import PoolingHeadCore
-from deployments.text.head import ChatHeadCore
+from deployments.chat.head import ChatHeadCore
+from deployments.embeddings.head import PoolingHeadCore
+from serve_app.contract.chat import HeadEvent, HeadRequest
 from serve_app.contract.dedicated import ReplicaStats, ServedBy
-from serve_app.contract.embedding import (
+from serve_app.contract.embeddings import (
     EmbedHeadReply,
     EmbedHeadRequest,
     ScoreHeadReply,
     ScoreHeadRequest,
 )
-from serve_app.contract.text import HeadEvent, HeadRequest
 from serve_app.dedicated.control.backend import AppObservation, AppSpec, ReplicaObservation
 from serve_app.dedicated.control.deaths import ReplicaDeath
 from tests.fakes.scripted_engine import ScriptedEngine

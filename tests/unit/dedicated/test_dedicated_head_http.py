@@ -19,7 +19,7 @@ def test_direct_http_to_the_replica_is_a_404_envelope_not_a_model_call() -> None
 
 def test_a_pooling_endpoints_replica_answers_direct_http_the_same_way() -> None:
     # A dedicated endpoint of an embedding model runs the catalog's pooling head.
-    from deployments.embedding.head import PoolingHead
+    from deployments.embeddings.head import PoolingHead
 
     response = asyncio.run(PoolingHead.func_or_class.__call__(object(), None))
     assert response.status_code == 404

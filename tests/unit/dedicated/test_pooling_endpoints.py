@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from deployments.embedding.config import VLLMPoolingConfig
+from deployments.embeddings.config import VLLMPoolingConfig
 from serve_app.billing.store import LedgerStore
 from serve_app.catalog.config import CatalogModel
 from serve_app.dedicated.control.backend import AppSpec, DeploymentSpec

@@ -45,9 +45,9 @@ async def test_a_pooling_replica_counts_input_tokens_and_inputs(
 
     from ray import serve
 
-    from deployments.embedding import head as pooling_head
-    from deployments.embedding.head import PoolingHead
-    from serve_app.contract.embedding import EmbedHeadRequest, ScoreHeadRequest
+    from deployments.embeddings import head as pooling_head
+    from deployments.embeddings.head import PoolingHead
+    from serve_app.contract.embeddings import EmbedHeadRequest, ScoreHeadRequest
 
     # The replica's logging set-up would rewire this process's loggers for later tests.
     monkeypatch.setattr(pooling_head, "configure_replica_logging", lambda: None)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from deployments.embedding.head import PoolingHeadCore
+from deployments.embeddings.head import PoolingHeadCore
 from serve_app.heads.client import LocalPoolingClient, PoolingClient
 from tests.fakes.scripted_pooling import ScriptedPoolingEngine
 from tests.fixtures.gateway import CATALOG, GatewayHarness, add_keys, build_harness

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from deployments.embedding.config import VLLMPoolingConfig
-from deployments.models.resolve import resolve_model
+from deployments.embeddings.config import VLLMPoolingConfig
+from deployments.local_models.resolve import resolve_model
 from serve_app.catalog.config import CatalogModel
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from serve_app.contract.embedding import (
+from serve_app.contract.embeddings import (
     ONE_ITEM_STREAM,
     ONE_ITEM_STREAM_METHODS,
     EmbedHeadRequest,
@@ -20,7 +20,7 @@ from tests.fakes.scripted_pooling import ScriptedPoolingEngine
 
 
 async def test_a_pooling_head_streams_one_reply_of_embed_or_score_and_nothing_else() -> None:
-    from deployments.embedding.head import PoolingHead, PoolingHeadCore
+    from deployments.embeddings.head import PoolingHead, PoolingHeadCore
     from deployments.engine_head import EngineHead
 
     assert PoolingHead.func_or_class.one_item_streams == ONE_ITEM_STREAM_METHODS

@@ -19,9 +19,7 @@ from ray.serve import exceptions as serve_exceptions
 
 from serve_app.catalog.config import CatalogModel
 from serve_app.contract.audio import SpeechHeadRequest, TranscriptionHeadRequest
-from serve_app.contract.document import DetectHeadRequest, ParseHeadRequest
-from serve_app.contract.embedding import EmbedHeadRequest, ScoreHeadRequest
-from serve_app.contract.text import (
+from serve_app.contract.chat import (
     GenerationDone,
     HeadRequest,
     HeadStarted,
@@ -29,6 +27,8 @@ from serve_app.contract.text import (
     SamplingSpec,
     TextDelta,
 )
+from serve_app.contract.documents import DetectHeadRequest, ParseHeadRequest
+from serve_app.contract.embeddings import EmbedHeadRequest, ScoreHeadRequest
 from serve_app.heads import client as head_client
 from serve_app.heads.client import RayHeadClient, ray_head_clients
 from serve_app.protocol.errors import GatewayError, InvalidRequestError

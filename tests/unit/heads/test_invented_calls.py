@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from deployments.text.base import EngineEvent, EngineInfo, PreparedPrompt, TextEngine
-from deployments.text.head import ChatHeadCore
-from deployments.text.invented_calls import declared_names, invented_call
-from serve_app.contract.text import (
+from deployments.chat.base import EngineEvent, EngineInfo, PreparedPrompt, TextEngine
+from deployments.chat.head import ChatHeadCore
+from deployments.chat.invented_calls import declared_names, invented_call
+from serve_app.contract.chat import (
     GenerationDone,
     HeadEvent,
     HeadRequest,

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from pydantic import ConfigDict, TypeAdapter
 
-from serve_app.contract.text import GenerationDone, TextDelta, ToolCallDelta
+from serve_app.contract.chat import GenerationDone, TextDelta, ToolCallDelta
 from serve_app.inference.responses.render import ResponseBuilder
 from serve_app.protocol.errors import GatewayError, UpstreamError
 from serve_app.protocol.responses import ResponseResource, StreamEvent

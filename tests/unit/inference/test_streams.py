@@ -16,8 +16,8 @@ import pytest
 
 from serve_app.auth.principal import Principal
 from serve_app.catalog.config import CatalogModel
+from serve_app.contract.chat import GenerationDone, HeadEvent, HeadStarted, TextDelta
 from serve_app.contract.errors import HeadFailure
-from serve_app.contract.text import GenerationDone, HeadEvent, HeadStarted, TextDelta
 from serve_app.inference.metering import MeteredRequest, Metering, RequestMeta
 from serve_app.inference.streams import MeteredStream
 from serve_app.protocol.errors import GatewayError

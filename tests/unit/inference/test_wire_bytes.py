@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from serve_app.contract.text import GenerationDone, TextDelta, ToolCallDelta
+from serve_app.contract.chat import GenerationDone, TextDelta, ToolCallDelta
 from serve_app.inference.chat import assemble
 from serve_app.inference.chat.assemble import ChatChunker, Collected, CompletionChunker, json_answer
 

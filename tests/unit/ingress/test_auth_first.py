@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from serve_app.ingress import deps
+from serve_app.requests import deps
 from tests.fixtures.gateway import GatewayHarness
 
 MIB = 1024 * 1024

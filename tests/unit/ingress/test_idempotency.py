@@ -103,8 +103,8 @@ def test_slots_are_keyed_by_the_authenticated_caller_not_the_header() -> None:
     """A caller without an Authorization header (a dashboard session) or with one spelled
     differently still gets its own slot: the organization and key id decide."""
     from serve_app.auth.principal import Principal
-    from serve_app.ingress.deps import PRINCIPAL_SCOPE_KEY
     from serve_app.ingress.idempotency import _slot
+    from serve_app.requests.deps import PRINCIPAL_SCOPE_KEY
 
     def scope(org: str, key_id: str, header: bytes) -> dict[str, Any]:
         caller = Principal(key_id, "u", org, "member", frozenset({"inference"}))

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from serve_app.ingress.idempotency import IdempotencyMiddleware
-from serve_app.ingress.replays import (
+from serve_app.requests.replays import (
     Answered,
     Claimed,
     InFlight,

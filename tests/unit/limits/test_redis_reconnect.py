@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import redis
 
-from serve_app.ingress.replays import Claimed, RedisReplayStore
 from serve_app.limits.buckets import BucketSpec, Ticket
+from serve_app.requests.replays import Claimed, RedisReplayStore
 from tests.fixtures.limits import StoreFactory
 
 

@@ -70,7 +70,7 @@ def test_tools_flat_then_server_tools_with_their_applied_limits() -> None:
 
 def test_the_vllm_head_reports_generation_config_sampling() -> None:
     """What vLLM's serving layer applies to omitted values (``get_diff_sampling_param``)."""
-    from deployments.text.vllm_engine import _sampling_defaults
+    from deployments.chat.vllm_engine import _sampling_defaults
 
     class Config:
         def __init__(self, diff: dict[str, Any] | None) -> None:

@@ -129,7 +129,9 @@ class _NoSandbox:
 def test_the_runtime_names_its_search_scope(tmp_path: Path) -> None:
     def scope(web_search: dict[str, Any]) -> str:
         options = ToolsOptions.model_validate({"web_search": web_search})
-        runtime = ToolRuntime.from_options(options, state_dir=tmp_path, sandbox=_NoSandbox())
+        runtime = ToolRuntime.from_options(
+            options, state_dir=tmp_path, sandbox=_NoSandbox(), seed_root=tmp_path
+        )
         return runtime.search_scope
 
     assert scope({"provider": "local"}) == "local"

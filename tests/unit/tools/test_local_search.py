@@ -299,7 +299,7 @@ def test_seed_indexes_only_an_empty_index(tmp_path: Path, site: Path) -> None:
             "local": {"seed_paths": [str(site / "guides")], "seed_base_url": BASE},
         }
     )
-    provider = build_search_provider(options, state)
+    provider = build_search_provider(options, state, REPO_ROOT)
     assert isinstance(provider, LocalSearchProvider)
     assert provider.index.path == default_index_path(state)
     seeded = provider.index.stats()
@@ -309,7 +309,7 @@ def test_seed_indexes_only_an_empty_index(tmp_path: Path, site: Path) -> None:
     other = WebSearchOptions.model_validate(
         {"provider": "local", "local": {"seed_paths": [str(site)], "seed_base_url": BASE}}
     )
-    build_search_provider(other, state)  # the index has pages: the seed is not added
+    build_search_provider(other, state, REPO_ROOT)  # the index has pages: the seed is not added
     assert provider.index.stats().pages == 2
 
 
@@ -321,7 +321,7 @@ def test_local_provider_options_are_checked() -> None:
             {"provider": "local", "local": {"seed_paths": ["d"], "seed_base_url": "file:///x"}}
         )
     with pytest.raises(ValueError, match="index_path"):
-        build_search_provider(WebSearchOptions(provider="local"), None)
+        build_search_provider(WebSearchOptions(provider="local"), None, REPO_ROOT)
 
 
 def test_repository_docs_seed_the_embedded_default(tmp_path: Path) -> None:
@@ -330,7 +330,7 @@ def test_repository_docs_seed_the_embedded_default(tmp_path: Path) -> None:
     tools = config["applications"][0]["args"]["tools"]
     options = WebSearchOptions.model_validate(tools["web_search"])
     assert options.provider == "local"
-    provider = build_search_provider(options, tmp_path)
+    provider = build_search_provider(options, tmp_path, REPO_ROOT)
     assert isinstance(provider, LocalSearchProvider)
     stats = provider.index.stats()
     assert stats.pages >= 3 and stats.sections > stats.pages

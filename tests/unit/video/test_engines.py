@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import yaml
 
-from deployments.models.tiny_video_model import ensure_tiny_wan
+from deployments.local_models.tiny_video_model import ensure_tiny_wan
 from deployments.video.base import GenerationCancelled, VideoEngine, resolve_params
-from deployments.video.diffusers_video import DiffusersVideoConfig, LtxVideoConfig
+from deployments.video.diffusers_engine import DiffusersVideoConfig, LtxVideoConfig
 from deployments.video.factory import build_video_engine
 from deployments.video.mp4 import encode_mp4
 from serve_app.catalog.config import CatalogModel

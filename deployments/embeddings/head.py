@@ -1,0 +1,131 @@
+"""The pooling head: one Ray Serve deployment per embedding or scoring model.
+
+``PoolingHeadCore`` holds the head's rules (started or not, what the model serves,
+errors as ``HeadFailure`` values) as plain async Python, so the gateway's tests run
+it in-process around a scripted engine; ``PoolingHead`` is the thin Serve wrapper.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ray import serve
+
+from deployments.direct_http import refuse_direct_http
+from deployments.embeddings.base import PoolingEngine
+from deployments.embeddings.config import VLLMPoolingConfig
+from deployments.engine_head import EngineHead, answer_as_value
+from deployments.replica_counters import ReplicaCounters
+from deployments.replica_logging import configure_replica_logging
+from serve_app.contract.dedicated import ReplicaStats
+from serve_app.contract.embeddings import (
+    ONE_ITEM_STREAM_METHODS,
+    EmbedHeadReply,
+    EmbedHeadRequest,
+    EmbedHeadResult,
+    PoolingHeadInfo,
+    ScoreHeadReply,
+    ScoreHeadRequest,
+    ScoreHeadResult,
+)
+from serve_app.contract.errors import HeadFailure, InvalidRequestError, ModelUnavailableError
+
+logger = logging.getLogger(__name__)
+
+
+class PoolingHeadCore:
+    """What the model serves, checked before its engine is asked; errors as values."""
+
+    def __init__(self, engine: PoolingEngine) -> None:
+        self.engine = engine
+        self.info: PoolingHeadInfo | None = None
+
+    async def start(self) -> PoolingHeadInfo:
+        self.info = await self.engine.start()
+        return self.info
+
+    async def embed(self, request: EmbedHeadRequest) -> EmbedHeadReply:
+        info = self._started()
+        if isinstance(info, HeadFailure):
+            return info
+        if not info.embeds:
+            return _not_served("embeddings", "/v1/rerank or /v1/score")
+        return await answer_as_value("embedding", request.request_id, self.engine.embed(request))
+
+    async def score(self, request: ScoreHeadRequest) -> ScoreHeadReply:
+        info = self._started()
+        if isinstance(info, HeadFailure):
+            return info
+        if not info.scores:
+            return _not_served("scores", "/v1/embeddings")
+        return await answer_as_value("scoring", request.request_id, self.engine.score(request))
+
+    def _started(self) -> PoolingHeadInfo | HeadFailure:
+        if self.info is None:
+            return HeadFailure.from_error(
+                ModelUnavailableError("The pooling head is still starting.", code="model_warming")
+            )
+        return self.info
+
+
+def _not_served(what: str, instead: str) -> HeadFailure:
+    return HeadFailure.from_error(
+        InvalidRequestError(
+            f"This model does not serve {what}; use {instead}.",
+            code="model_not_supported_for_endpoint",
+            param="model",
+        )
+    )
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0.25})
+class PoolingHead(EngineHead):
+    """Ray Serve replica hosting one pooling engine; the engine comes from a factory."""
+
+    core: PoolingHeadCore
+    one_item_streams = ONE_ITEM_STREAM_METHODS
+
+    async def __init__(  # type: ignore[misc]  # Ray Serve awaits async constructors
+        self, model_id: str, backend: str, engine_config: dict[str, Any], peers: Any = None
+    ) -> None:
+        """``peers`` only binds a dedicated hybrid endpoint's ``burst`` deployment into the
+        same app (unused): a dedicated endpoint of a pooling model runs this head in its own
+        ``ded-<slug>`` app (``serve_app.dedicated.control.ray_backend``)."""
+        configure_replica_logging()
+        # Imported here: the gateway imports this module for the builder, not vLLM.
+        from deployments.embeddings.factory import build_pooling_engine
+
+        self.core = PoolingHeadCore(build_pooling_engine(backend, engine_config, model_id))
+        default_seqs = VLLMPoolingConfig.model_fields["max_num_seqs"].default
+        self.counters = ReplicaCounters.in_replica(
+            engine_config, default_seqs if backend == "vllm" else None
+        )
+        info = await self.core.start()
+        logger.info("pooling head %s ready (%s)", model_id, info)
+
+    async def embed(self, request: EmbedHeadRequest) -> EmbedHeadReply:
+        with self.counters.call(request.count):
+            reply = await self.core.embed(request)
+        if isinstance(reply, EmbedHeadResult):
+            self.counters.tokens += reply.prompt_tokens
+        return reply
+
+    async def score(self, request: ScoreHeadRequest) -> ScoreHeadReply:
+        with self.counters.call(len(request.documents)):
+            reply = await self.core.score(request)
+        if isinstance(reply, ScoreHeadResult):
+            self.counters.tokens += reply.prompt_tokens
+        return reply
+
+    async def stats(self) -> ReplicaStats:
+        """Input tokens, calls and inputs in flight: a dedicated endpoint's replica health."""
+        return self.counters.stats()
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Inputs beyond ``max_num_seqs`` waiting: the ``engine_target_waiting`` knob."""
+        return self.counters.autoscaling_metrics()
+
+    async def __call__(self, request: Any) -> Any:
+        """HTTP sent to a dedicated endpoint's replica itself: a 404 envelope."""
+        return refuse_direct_http()
