@@ -13,7 +13,7 @@ and the backend registry import; what lives in the gateway (the client's methods
 field of ``HeadClients``) is held as names. The request and reply types are the
 contract's own and are referenced directly.
 
-Adding a head kind: docs/extending.md, "Adding a head kind".
+Adding a head kind, step by step: docs/extending.md#adding-a-head-kind.
 """
 
 from __future__ import annotations
