@@ -69,7 +69,8 @@ class EngineHead:
 
     kind: ClassVar[str]
     """Its head kind (``serve_app.contract.head_kinds``): what the registry builds."""
-    core_class: ClassVar[Callable[[Any], EngineCore]]
+    core_class: ClassVar[type[Any]]
+    """The core class, built around the engine (``core_class(engine)``)."""
     core: EngineCore
     one_item_streams: ClassVar[frozenset[str]] = frozenset()
     """Unary methods a caller may also read as a one-item stream (``answer_streamed``)."""
