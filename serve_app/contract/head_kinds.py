@@ -187,5 +187,5 @@ BY_NAME: dict[str, HeadKindSpec] = {spec.name: spec for spec in HEAD_KINDS}
 
 
 def head_kind(name: str) -> HeadKindSpec:
-    """The spec of the kind ``name`` (``KeyError`` for a name the table does not hold)."""
+    """The row of the kind ``name`` (``KeyError`` for a name the table does not hold)."""
     return BY_NAME[name]
