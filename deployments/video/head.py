@@ -239,7 +239,7 @@ class VideoHead:
         open_stores: VideoStoresFactory,
     ) -> None:
         configure_replica_logging()
-        from deployments.video.factory import build_video_engine
+        from deployments import registry
 
         # The builder's factory opens the gateway's own job and object stores here, in
         # the replica (blocking: it migrates the database), from the same GATEWAY_*
@@ -247,7 +247,7 @@ class VideoHead:
         jobs, objects = await asyncio.to_thread(open_stores)
         self.core: VideoHeadCore[Any] = VideoHeadCore(
             model_id,
-            build_video_engine(backend, engine_config),
+            registry.build_engine("video", backend, engine_config),
             jobs,
             objects,
             VideoWorkerOptions.from_mapping(options or {}),

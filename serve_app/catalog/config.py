@@ -13,8 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from serve_app.contract.adapters import NAME_PATTERN, RESERVED_NAMES, AdapterRef
+from serve_app.contract.head_kinds import HeadKind
 
-HeadKind = Literal["chat", "speech", "transcription", "video", "detect", "parse", "pooling"]
 Modality = Literal["text", "image", "audio", "video", "embedding", "score", "json"]
 ReasoningFormat = Literal["none", "think_tags", "harmony"]
 ScoreKind = Literal["bi-encoder", "cross-encoder"]

@@ -49,6 +49,7 @@ from serve_app.settings import get_settings
 from serve_app.storage.db import Database
 from serve_app.storage.migrations import SQLITE_BEGIN_OPTION
 from serve_app.storage.objects import build_object_store
+from serve_app.storage.pages import keyset_page
 from serve_app.storage.schema import utcnow, video_jobs
 
 _PG_USER_LOCK_CLASS = 61_803_398
@@ -118,14 +119,9 @@ class JobStore:
 
     def list_recent(self, owner: JobOwner, limit: int) -> list[VideoJob]:
         """The owner's ``limit`` most recent jobs, newest first."""
-        query = (
-            sa.select(video_jobs)
-            .where(*_owned_by(owner))
-            .order_by(c.created_at.desc(), c.id.desc())
-            .limit(limit)
-        )
         with self._db.connect() as conn:
-            return [VideoJob.from_row(r) for r in conn.execute(query).mappings()]
+            rows, _ = keyset_page(conn, video_jobs, _owned_by(owner), limit=limit)
+        return [VideoJob.from_row(r) for r in rows]
 
     def cancel(self, job_id: str, owner: JobOwner) -> VideoJob | None:
         """Cancel the owner's job if it is unfinished; returns it as it is now."""

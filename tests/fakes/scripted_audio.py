@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from deployments import registry
 from deployments.audio.base import (
     SpeechEngine,
     SpeechEngineInfo,
@@ -24,10 +25,6 @@ from deployments.audio.base import (
     TranscriptionEngine,
     TranscriptionEngineInfo,
     TranscriptionOptions,
-)
-from deployments.audio.factory import (
-    register_speech_backend,
-    register_transcription_backend,
 )
 from serve_app.contract.audio import SPEC_VOICES, TranscriptSegment
 
@@ -83,5 +80,5 @@ class ScriptedTranscriptionEngine(TranscriptionEngine):
         return Transcript(text=text, language="en", segments=[segment])
 
 
-register_speech_backend("scripted-speech", ScriptedSpeechEngine)
-register_transcription_backend("scripted-transcription", ScriptedTranscriptionEngine)
+registry.register("speech", "scripted-speech", ScriptedSpeechEngine)
+registry.register("transcription", "scripted-transcription", ScriptedTranscriptionEngine)

@@ -40,7 +40,7 @@ from serve_app.heads.client import VideoHeadClient
 from serve_app.inference.answers import Body
 from serve_app.inference.metering import Metering, RequestMeta
 from serve_app.inference.readiness import HeadReadiness
-from serve_app.inference.unit_metering import UnitMetering
+from serve_app.inference.unary_metering import UnaryMetering
 from serve_app.jobs.records import (
     COMPLETED,
     FAILED,
@@ -105,7 +105,7 @@ class VideoService:
         self.options = options
         self.url_expiry_s = url_expiry_s
         self.public_base_url = public_base_url
-        self.usage = UnitMetering(metering or Metering())
+        self.usage = UnaryMetering(metering or Metering())
         self.quotas = quotas
         self._pokes: set[asyncio.Task[None]] = set()
 

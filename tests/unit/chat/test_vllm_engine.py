@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from deployments import registry
 from deployments.chat.base import EngineEvent, PreparedPrompt
-from deployments.chat.factory import build_text_engine
 from deployments.chat.vllm_engine import VLLMEngine
 from serve_app.contract.chat import GenerationDone, PromptSpec, SamplingSpec, TextDelta
 from serve_app.protocol.errors import InvalidRequestError, ModelUnavailableError
@@ -38,7 +38,8 @@ _SERVE_LIKE: list[logging.handlers.MemoryHandler] = []
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine(smollm2_dir: Path) -> AsyncIterator[VLLMEngine]:
-    built = build_text_engine(
+    built = registry.build_engine(
+        "chat",
         "vllm",
         {
             "model": str(smollm2_dir),
