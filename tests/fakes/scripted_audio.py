@@ -49,7 +49,7 @@ class Gate:
     def open(self) -> None:
         self.opened.set()
 
-    def _block(self) -> None:
+    def block(self) -> None:
         self.entered.set()
         self.opened.wait(GATE_GUARD_S)
 
@@ -58,7 +58,7 @@ async def _act(config: dict[str, Any], gate: Gate) -> None:
     if config.get("delay_s"):
         await asyncio.sleep(float(config["delay_s"]))
     if config.get("gated"):
-        await asyncio.to_thread(gate._block)
+        await asyncio.to_thread(gate.block)
     if config.get("fail"):
         raise RuntimeError("scripted engine failure")
 
