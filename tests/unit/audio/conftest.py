@@ -59,7 +59,7 @@ AUDIO_CATALOG: list[dict[str, Any]] = [
     _speech("scripted-tts", "scripted-speech"),
     _speech("tagged-tts", "scripted-speech", emotion_tags=True),
     _speech("slow-tts", "scripted-speech", delay_s=30),
-    _speech("busy-tts", "scripted-speech", block_s=1.0),
+    _speech("busy-tts", "scripted-speech", gated=True),
     _speech("failing-tts", "scripted-speech", fail=True),
     _speech("headless-tts", "scripted-speech"),
     _stt(WHISPER, "faster-whisper"),
