@@ -56,14 +56,17 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-# Two processes: the unit run imports torch, transformers and vLLM (~3 GiB that the pytest
-# process keeps), which the end-to-end run's Serve stack would otherwise sit beside.
+# Three processes: the unit run imports torch, transformers and vLLM (~3 GiB that the pytest
+# process keeps), which the end-to-end runs' stacks would otherwise sit beside; the
+# production-shaped stack (tests/production: 2 gateway replicas on PostgreSQL and Redis)
+# runs after the shared Serve instance of tests/serve is gone.
 # The skip budget (tests/fixtures/skip_budget.py): every skip is printed, and one outside
 # tests/skip_allowlist.txt fails the run.
 SKIP_BUDGET := --skip-allowlist=tests/skip_allowlist.txt
 pytest: install
-	$(BIN)/python -m pytest -q $(SKIP_BUDGET) --ignore=tests/serve
+	$(BIN)/python -m pytest -q $(SKIP_BUDGET) --ignore=tests/serve --ignore=tests/production
 	$(BIN)/python -m pytest -q $(SKIP_BUDGET) tests/serve
+	$(BIN)/python -m pytest -q $(SKIP_BUDGET) tests/production
 
 test: lint typecheck pytest
 

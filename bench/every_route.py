@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import base64
 import io
+import signal
 import sys
 import tempfile
 import time
@@ -35,9 +36,11 @@ from bench.memory_budget import (  # noqa: E402
     GiB,
     Sampler,
     chat,
+    machine_used,
     oom_kills,
     start_gateway_run,
     stop_gateway_run,
+    table,
     wait_ready,
 )
 from bench.servers import mint_key  # noqa: E402
@@ -55,9 +58,16 @@ def _png() -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def calls(speech: dict[str, bytes]) -> dict[str, Call]:
-    """Head kind -> one call of its route (``speech`` keeps the last WAV for transcription)."""
+def calls(speech: dict[str, bytes], table_models: set[str]) -> dict[str, Call]:
+    """Head kind -> one call of its route (``speech`` keeps the last WAV for transcription;
+    ``table_models``: parse models that read tables in ``table_bboxes``, given the page)."""
     image = _png()
+
+    def parse_call(http: httpx.Client, model: str) -> httpx.Response:
+        body: dict[str, Any] = {"model": model, "image": image}
+        if model in table_models:
+            body["table_bboxes"] = [[0, 0, 256, 128]]
+        return http.post("/v1/parse", json=body)
 
     def chat_call(http: httpx.Client, model: str) -> httpx.Response:
         body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
@@ -79,7 +89,7 @@ def calls(speech: dict[str, bytes]) -> dict[str, Call]:
         "speech": speech_call,
         "transcription": transcription_call,
         "detect": lambda http, m: http.post("/v1/detect", json={"model": m, "image": image}),
-        "parse": lambda http, m: http.post("/v1/parse", json={"model": m, "image": image}),
+        "parse": parse_call,
         "video": lambda http, m: http.post(
             "/v1/video/generations", json={"model": m, "prompt": "a red ball", "fps": 8}
         ),
@@ -106,6 +116,15 @@ def catalog_heads(config: str) -> list[tuple[str, str]]:
     return [(m.id, m.head) for m in models if not m.is_external and m.head_id == m.id]
 
 
+def table_structure_models(config: str) -> set[str]:
+    """Parse models of CONFIG that need ``table_bboxes`` (the documents service's rule)."""
+    from serve_app.cli.serve import _catalog_models, load_serve_config
+    from serve_app.inference.documents.service import TABLE_STRUCTURE
+
+    models = _catalog_models(load_serve_config(config))
+    return {m.id for m in models if m.head == "parse" and TABLE_STRUCTURE in m.specialties}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/local.yaml")
@@ -118,31 +137,42 @@ def main() -> int:
     proc, base = start_gateway_run(args.config, state)
     sampler = Sampler(proc.pid, period_s=2.0)
     sampler.start()
-    failures = 0
+    failures = calls_made = 0
     try:
         wait_ready(proc, state / "gateway-run.log", args.deadline_s)
         key = mint_key(f"sqlite:///{state / 'gateway.db'}")
         chat(base, key, FIRST_MODEL, args.deadline_s)
-        routes = calls({})
+        routes = calls({}, table_structure_models(args.config))
         headers = {"Authorization": f"Bearer {key}"}
         with httpx.Client(base_url=base, headers=headers, timeout=600) as http:
-            for round_ in range(1, args.rounds + 1):
-                for model, head in catalog_heads(args.config):
-                    status, warming, took = call_until_answered(
-                        http, routes[head], model, args.deadline_s
-                    )
-                    failures += status not in (200, 202)
-                    stack = sum(sampler.snapshot().values()) / GiB
-                    print(
-                        f"round {round_} {head:<13} {model:<34} {status} after {warming} x 503 "
-                        f"in {took:6.1f} s; stack {stack:5.2f} GiB",
-                        flush=True,
-                    )
+            try:
+                for round_ in range(1, args.rounds + 1):
+                    for model, head in catalog_heads(args.config):
+                        status, warming, took = call_until_answered(
+                            http, routes[head], model, args.deadline_s
+                        )
+                        failures += status not in (200, 202)
+                        calls_made += 1
+                        stack = sum(sampler.snapshot().values()) / GiB
+                        print(
+                            f"round {round_} {head:<13} {model:<34} {status} after {warming} "
+                            f"x 503 in {took:6.1f} s; stack {stack:5.2f} GiB; machine used "
+                            f"{machine_used() / GiB:5.2f} GiB",
+                            flush=True,
+                        )
+            except KeyboardInterrupt:  # cut short (a time limit): the figures so far still count
+                # `timeout -s INT` signals the process and its group: a second SIGINT would
+                # cut the summary below off too.
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                print(f"cut short after {calls_made} calls", flush=True)
         print(
             f"peak: stack {sampler.peak_stack / GiB:.2f} GiB PSS, machine used "
             f"{sampler.peak_used / GiB:.2f} GiB; Ray OOM kills: {oom_kills(wall_start)}; "
-            f"calls not answered: {failures}"
+            f"calls not answered: {failures} of {calls_made}; "
+            f"{(time.time() - wall_start) / 60:.1f} min"
         )
+        print(f"at the stack's peak ({sampler.peak_at:.0f} s after launch):")
+        print(table(sampler.peak_groups), flush=True)
         print(f"gateway run log: {state / 'gateway-run.log'}")
     finally:
         sampler.stop()

@@ -313,7 +313,7 @@ async def in_process_gateway(
     state_dir: Path, *, answer_invented_calls: bool = True, on_core: Any = None
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The gateway app with the real tool-model head in this process (no Ray)."""
-    from deployments.chat.factory import build_text_engine
+    from deployments import registry
     from deployments.chat.head import ChatHeadCore
     from serve_app.auth.accounts import AccountStore
     from serve_app.composition import build_state
@@ -332,7 +332,7 @@ async def in_process_gateway(
     tools["web_search"] = {**tools["web_search"], "local": {"seed_paths": []}}
     config = GatewayAppArgs.model_validate({"catalog": [entry], "tools": tools})
     model = config.catalog[0]
-    engine = build_text_engine(model.engine.backend, dict(model.engine.config))
+    engine = registry.build_engine("chat", model.engine.backend, dict(model.engine.config))
     core = ChatHeadCore(engine, answer_invented_calls=answer_invented_calls)
     await core.start()
     if on_core is not None:  # an experiment's hook (a template to swap in, say)

@@ -45,11 +45,11 @@ class DedicatedHead:
     ) -> None:
         """``peers`` only binds hybrid's ``burst`` deployment into the same app (unused)."""
         configure_replica_logging()
-        from deployments.chat.factory import build_text_engine
+        from deployments import registry
 
         self.model_id = model_id
         self.counters = ReplicaCounters.in_replica(engine_config)
-        self.core = ChatHeadCore(build_text_engine(backend, engine_config))
+        self.core = ChatHeadCore(registry.build_engine("chat", backend, engine_config))
         info = await self.core.start()
         logger.info("dedicated head %s ready (max_model_len=%d)", model_id, info.max_model_len)
 

@@ -10,8 +10,7 @@ Everything is held as import paths (``module:attr``), so reading the table impor
 nothing. Validating a catalog's engine settings imports only the config class's module,
 and those modules import their model runtime (vLLM, torch, onnxruntime...) lazily: the
 gateway validates every entry when it builds the app (``serve_app.builders``) without
-loading one. The factories (``deployments/<kind>/factory.py``,
-``deployments/embeddings/factory.py``) build engines from here, the app builder and
+loading one. Heads build their engine from here (``build_engine``), the app builder and
 ``gateway check`` refuse names and settings from here, and
 ``tests/unit/test_backend_registry.py`` holds them to it.
 
@@ -26,18 +25,13 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-HeadKind = Literal["chat", "speech", "transcription", "detect", "parse", "video", "pooling"]
-HEAD_KINDS: tuple[HeadKind, ...] = (
-    "chat",
-    "speech",
-    "transcription",
-    "detect",
-    "parse",
-    "video",
-    "pooling",
-)
+from serve_app.contract.head_kinds import HEAD_KINDS as KINDS
+from serve_app.contract.head_kinds import HeadKind, head_kind
+
+HEAD_KINDS: tuple[HeadKind, ...] = tuple(spec.name for spec in KINDS)
+"""Every head kind, as the contract's table declares them."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +94,7 @@ BACKENDS: dict[tuple[HeadKind, str], Backend] = {
         f"{_TEXT}.vllm_engine:VLLMEngine",
         f"{_TEXT}.vllm_config:VLLMEngineConfig",
         (VLLM,),
-        builder=f"{_TEXT}.factory:build_vllm",
+        builder=f"{_TEXT}.vllm_engine:build_vllm",
     ),
     ("pooling", "vllm"): Backend(
         "deployments.embeddings.vllm_engine:VLLMPoolingEngine",
@@ -220,6 +214,13 @@ def validate_config(head: str, name: str, config: Mapping[str, Any]) -> Any | No
             return None
         raise ValueError(unknown_backend(head, name))
     return load(backend.config).model_validate(dict(config))
+
+
+def build_engine(head: str, name: str, config: Mapping[str, Any], *extra: Any) -> Any:
+    """Construct (not start) the engine ``name`` names for a ``head`` head: the one factory
+    of every head kind. Its engine contract is the one the table of head kinds names
+    (``serve_app.contract.head_kinds``); a ``module:Class`` engine must subclass it."""
+    return build(head, name, load(head_kind(head).engine), config, *extra)
 
 
 def build(head: str, name: str, base: type, config: Mapping[str, Any], *extra: Any) -> Any:

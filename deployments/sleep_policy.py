@@ -103,20 +103,24 @@ POLICY_PATH = "deployments.sleep_policy:SleepPolicy"
 DEFAULT_IDLE_S = 600.0
 
 
-def with_sleep_policy(autoscaling: dict[str, Any]) -> dict[str, Any]:
+def with_sleep_policy(autoscaling: dict[str, Any], *, pinned: bool = False) -> dict[str, Any]:
     """A head's ``autoscaling_config`` with this policy, when the head sleeps when idle.
 
     The idle window moves from Serve's ``downscale_to_zero_delay_s`` (else
     ``downscale_delay_s``) into the policy, and Serve's own delay to zero becomes
-    ``ZERO_DELAY_S`` so an order takes effect at once. A config that names its own policy,
-    or whose head never scales to zero, is returned as it is.
+    ``ZERO_DELAY_S`` so an order takes effect at once. A ``pinned`` head (the catalog's
+    ``pinned: true``) gets no idle window: it sleeps only when ordered, which the budget
+    keeper does only once its pin is dropped (a budget too small to hold it beside the
+    largest sleeping head, ``serve_app.heads.budget.honour_pins``). A config that names its
+    own policy, or whose head never scales to zero, is returned as it is.
     """
     if autoscaling.get("min_replicas", 1) != 0 or "policy" in autoscaling:
         return autoscaling
     idle = autoscaling.get("downscale_to_zero_delay_s")
     if idle is None:
         idle = autoscaling.get("downscale_delay_s", DEFAULT_IDLE_S)
+    kwargs = {"idle_s": None if pinned else float(idle)}
     return autoscaling | {
         "downscale_to_zero_delay_s": ZERO_DELAY_S,
-        "policy": {"policy_function": POLICY_PATH, "policy_kwargs": {"idle_s": float(idle)}},
+        "policy": {"policy_function": POLICY_PATH, "policy_kwargs": kwargs},
     }

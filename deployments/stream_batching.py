@@ -109,6 +109,10 @@ def _is_content(event: Any) -> bool:
 Interval = float | None | Callable[[], float | None]
 """A batch window in seconds, ``None`` for "the rest at once", or a function read per batch."""
 
+Timer = Callable[[float], asyncio.Timeout]
+"""What ends a window after its width: ``asyncio.timeout``; tests pass one they end
+themselves, so which events share a batch never depends on the machine's speed."""
+
 
 class _Pump:
     """The producer read in a task into a queue, with the waits ``coalesce`` needs."""
@@ -138,14 +142,14 @@ class _Pump:
             await self.ready.wait()
         return self.queue.popleft()
 
-    async def wait_window(self, window: float | None) -> None:
+    async def wait_window(self, window: float | None, timer: Timer) -> None:
         """Once an event is there: ``window`` seconds more (``None``: the producer's end)."""
         if not self.finished.is_set():
             if window is None:
                 await self.finished.wait()
             elif window > 0:
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(window):
+                    async with timer(window):
                         await self.finished.wait()
 
     def drain(self) -> tuple[list[Any], bool]:
@@ -171,6 +175,7 @@ async def coalesce(
     interval_s: Interval = DEFAULT_INTERVAL_S,
     *,
     eager_until: Callable[[Any], bool] = _is_content,
+    timer: Timer = asyncio.timeout,
 ) -> AsyncIterator[list[Any]]:
     """Yield ``events`` as lists (see the module docstring); errors surface after a flush.
 
@@ -189,7 +194,7 @@ async def coalesce(
             yield [event]
         while True:
             await pump.ready.wait()  # the window opens with an event, read as it opens
-            await pump.wait_window(interval_s() if callable(interval_s) else interval_s)
+            await pump.wait_window(interval_s() if callable(interval_s) else interval_s, timer)
             batch, ended = pump.drain()
             if batch:
                 yield merge_deltas(batch)

@@ -1,8 +1,16 @@
-"""Starting one in-process vLLM ``AsyncLLM``: the sequence every vLLM-backed head shares.
+"""One in-process vLLM ``AsyncLLM``: what every vLLM-backed head shares.
 
 The chat heads (``deployments/chat/vllm_engine.py``) and the pooling heads
 (``deployments/embeddings/vllm_engine.py``) build different serving objects over
-the engine, but start it the same way, and each step matters for a replica:
+the engine, but share three things, written here once:
+
+- the settings every such engine takes and their translation to engine args
+  (``VLLMHeadConfig``: the model, dtype, eager mode, KV cache, device; each head's
+  config adds its own fields and args);
+- the mapping of vLLM's exceptions to the gateway's errors (``map_vllm_error``: a dead
+  engine, vLLM's HTTP-shaped errors, a caller's mistake, the rest a 502; each head
+  says what a caller's mistake is called on its routes);
+- the start, where each step matters for a replica:
 
 - no usage pings from a gateway box (vLLM would otherwise post to its stats server);
 - the config's ``device`` is checked against the installed vLLM build before a
@@ -47,13 +55,110 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.replica_logging import vllm_logging_config
-from serve_app.contract.errors import GatewayError, ModelUnavailableError
+from serve_app.contract.errors import GatewayError, ModelUnavailableError, UpstreamError
 
 CPU_THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+class VLLMHeadConfig(BaseModel):
+    """The settings of one in-process vLLM ``AsyncLLM`` that every head kind shares.
+
+    The same config must start on a 2-core CPU box and on a CUDA node without edits, so
+    the fields whose right value depends on the hardware default to ``None``/``"auto"``
+    and are resolved by ``engine_kwargs`` once the platform is known. Kept free of vLLM
+    imports so configs validate (``gateway check``, unit tests) where vLLM is not
+    installed. A head's config subclasses it, declares ``max_num_seqs`` (and
+    ``max_model_len`` where its bound differs) with its own default, and adds its fields.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    cpu_kv_cache_bytes: ClassVar[int]
+    """The KV cache on CPU when ``kv_cache_memory_bytes`` is unset (vllm-cpu sizes it from
+    the NUMA node's memory unless told, and fails by default)."""
+
+    model: str = Field(
+        description="Model folder, hub id (only where a hub is reachable), or a local model "
+        "reference ('prepared:<name>' for chat, 'packaged:<distribution>' for pooling; "
+        "deployments/local_models).",
+    )
+    served_model_name: str | None = Field(
+        default=None,
+        description="Name vLLM reports for the model; defaults to the prepared name (chat) "
+        "or the catalog id (pooling).",
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=8, description="Longest input in tokens; None: the model's own."
+    )
+    max_num_seqs: int
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto",
+        description=(
+            "Weight/activation dtype. 'auto' is float32 on CPU (vllm-cpu 0.32's bf16 path "
+            "produced wrong greedy tokens for SmolLM2) and the checkpoint's dtype on GPU."
+        ),
+    )
+    enforce_eager: bool | None = Field(
+        default=None,
+        description="Skip torch.compile and CUDA graphs; None: True on CPU (fast start), "
+        "False on GPU (faster decoding).",
+    )
+    kv_cache_memory_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="KV cache size in bytes; None: the head's CPU default (chat 256 MiB, "
+        "pooling 64 MiB), on GPU sized by gpu_memory_utilization instead.",
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="Share of GPU memory vLLM may take when kv_cache_memory_bytes is unset.",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto",
+        description=(
+            "Expected platform; 'auto' takes whatever the installed vLLM build targets, "
+            "'cpu'/'cuda' fail fast at start when the build targets something else."
+        ),
+    )
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Further AsyncEngineArgs fields passed as given; they win over the above.",
+    )
+
+    def shared_engine_kwargs(
+        self, device_type: str, model_path: str, served_name: str
+    ) -> dict[str, Any]:
+        """The ``AsyncEngineArgs`` of the shared fields on a platform of ``device_type``
+        (``served_name`` where ``served_model_name`` is unset); a head adds its own, then
+        ``engine_args`` (``with_engine_args``)."""
+        on_cpu = device_type == "cpu"
+        kwargs: dict[str, Any] = {
+            "model": model_path,
+            "served_model_name": self.served_model_name or served_name,
+            "dtype": "float32" if (self.dtype == "auto" and on_cpu) else self.dtype,
+            "max_num_seqs": self.max_num_seqs,
+            "enforce_eager": on_cpu if self.enforce_eager is None else self.enforce_eager,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+        }
+        if self.max_model_len is not None:
+            kwargs["max_model_len"] = self.max_model_len
+        kv_bytes = self.kv_cache_memory_bytes
+        if kv_bytes is None and on_cpu:
+            kv_bytes = self.cpu_kv_cache_bytes
+        if kv_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = kv_bytes
+        return kwargs
+
+    def with_engine_args(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``kwargs`` with ``engine_args`` over them (the operator's word wins)."""
+        return {**kwargs, **self.engine_args}
 
 
 def cpu_thread_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -146,7 +251,7 @@ def engine_state_error(exc: BaseException) -> GatewayError | None:
     Ours pass as they are; a dead engine is a 503 ``engine_dead`` (the router may try
     another replica); vLLM's own HTTP-shaped errors keep their status (503 as
     ``model_unavailable``). What a caller's mistake is differs by head, so the rest is
-    each head's (``map_engine_error``, ``map_pooling_error``).
+    each head's (``map_vllm_error``'s ``caller_mistake``).
     """
     if isinstance(exc, GatewayError):
         return exc
@@ -161,3 +266,37 @@ def engine_state_error(exc: BaseException) -> GatewayError | None:
             return ModelUnavailableError(exc.message)
         return GatewayError(exc.message, status_code=int(exc.http_status))
     return None
+
+
+TOO_LONG_PHRASES = ("maximum context length", "maximum model length")
+"""What vLLM's messages say when an input is longer than the context window."""
+
+CallerMistake = Callable[[str, "str | None", bool], GatewayError]
+"""(vLLM's message, the parameter it names or None, whether the input is too long) ->
+the 400 a head answers on its routes."""
+
+
+def map_vllm_error(
+    exc: BaseException,
+    caller_mistake: CallerMistake,
+    *,
+    mistakes: tuple[type[BaseException], ...] = (ValueError,),
+    too_long: tuple[str, ...] = TOO_LONG_PHRASES,
+) -> GatewayError:
+    """A vLLM exception -> the gateway's error vocabulary, the one mapping of every head.
+
+    ``engine_state_error`` first (ours, a dead engine, vLLM's HTTP-shaped errors); then
+    vLLM's client errors and ``mistakes`` are the caller's (``caller_mistake`` names
+    them, knowing whether ``too_long`` says the input passed the context window); the
+    rest is a 502 the head reports as the model failing.
+    """
+    if (known := engine_state_error(exc)) is not None:
+        return known
+    from vllm.exceptions import VLLMClientError
+
+    message = str(exc) or type(exc).__name__
+    if isinstance(exc, (VLLMClientError, *mistakes)):
+        parameter = getattr(exc, "parameter", None)
+        is_long = parameter == "input_tokens" or any(phrase in message for phrase in too_long)
+        return caller_mistake(message, parameter, is_long)
+    return UpstreamError(f"The model engine failed: {message}")

@@ -1,7 +1,7 @@
 """Serve config entry point: ``import_path: serve_app.builders:build_gateway_app``.
 
-Builds one head deployment per own-fleet catalog model (chat, speech,
-transcription, detect, parse, video, pooling) and the gateway ingress bound to their
+Builds one head deployment per own-fleet catalog model (every kind of
+``serve_app.contract.head_kinds``) and the gateway ingress bound to their
 handles, so the Ray dashboard shows the gateway and one deployment per model.
 """
 
@@ -15,19 +15,14 @@ from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
 from deployments import registry
-from deployments.audio.speech_head import SpeechHead
-from deployments.audio.transcription_head import TranscriptionHead
 from deployments.chat import prefix_router
-from deployments.chat.head import ChatHead
-from deployments.documents.head import DetectHead, ParseHead
-from deployments.embeddings.head import PoolingHead
 from deployments.sleep_policy import with_sleep_policy
 from deployments.tool_runner import ToolRunner
-from deployments.video.head import VideoHead
 from serve_app.adapters.store import open_head_objects
 from serve_app.catalog.config import CatalogModel, DeploymentSpec
 from serve_app.composition import stand_in_refusals
 from serve_app.config import GatewayAppArgs, ToolRunnerOptions
+from serve_app.contract.head_kinds import HEAD_KINDS
 from serve_app.ingress.deployment import Gateway
 from serve_app.jobs.store import open_worker_stores
 from serve_app.settings import GatewaySettings, require_production_ready
@@ -35,15 +30,10 @@ from serve_app.settings import GatewaySettings, require_production_ready
 logger = logging.getLogger(__name__)
 
 HEAD_DEPLOYMENTS: dict[str, Any] = {
-    "chat": ChatHead,
-    "speech": SpeechHead,
-    "transcription": TranscriptionHead,
-    "detect": DetectHead,
-    "parse": ParseHead,
-    "video": VideoHead,
-    "pooling": PoolingHead,
+    spec.name: registry.load(spec.deployment) for spec in HEAD_KINDS
 }
-"""Head kind -> its Ray Serve deployment; every catalog head kind has one."""
+"""Head kind -> its Ray Serve deployment, as the contract's table names it (importing a
+head module imports no model runtime: engines are built in the replica)."""
 
 
 def check_engine(model: CatalogModel) -> None:
@@ -85,7 +75,9 @@ def head_application(
         "health_check_timeout_s": spec.health_check_timeout_s,
     }
     if spec.autoscaling_config is not None:  # a head that sleeps also obeys sleep orders
-        options["autoscaling_config"] = with_sleep_policy(spec.autoscaling_config)
+        options["autoscaling_config"] = with_sleep_policy(
+            spec.autoscaling_config, pinned=model.pinned
+        )
     else:
         options["num_replicas"] = spec.num_replicas
     router = request_router_config(model)

@@ -21,6 +21,7 @@ sandbox and the dedicated endpoints' head deployment are chosen here.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
@@ -36,6 +37,9 @@ from serve_app.auth.dashboard import DashboardSessions
 from serve_app.auth.epoch import EpochWatch
 from serve_app.auth.key_admin import KeyAdmin
 from serve_app.auth.members import MemberAdmin
+from serve_app.auth.oidc import OidcClient
+from serve_app.auth.oidc_config import OidcOptions
+from serve_app.auth.oidc_users import OidcSignIn, OidcUsers
 from serve_app.auth.service import AuthService
 from serve_app.auth.sessions import SessionStore
 from serve_app.batches.service import BatchService
@@ -54,7 +58,7 @@ from serve_app.dedicated.routing.router import DedicatedRouter
 from serve_app.dedicated.store import DedicatedStore
 from serve_app.files.service import FilePolicy, FileService
 from serve_app.files.store import FileStore
-from serve_app.heads.budget import BudgetKeeper, budget_heads
+from serve_app.heads.budget import BudgetKeeper, budget_heads, honour_pins
 from serve_app.heads.client import (
     DocumentClient,
     HeadClient,
@@ -269,7 +273,7 @@ def _dashboard(
     accounts = AccountStore(database, pepper=settings.key_pepper)
     limits = config.limits
     return DashboardServices(
-        sessions=DashboardSessions(sessions, counters),
+        sessions=DashboardSessions(sessions, counters, oidc=_oidc(config.dashboard.oidc, accounts)),
         keys=KeyAdmin(accounts),
         members=MemberAdmin(accounts, sessions),
         usage=UsageReports(database),
@@ -277,6 +281,20 @@ def _dashboard(
             rpm=limits.rpm, tpm=limits.tpm, daily_tokens=limits.daily_tokens
         ),
     )
+
+
+def _oidc(options: OidcOptions | None, accounts: AccountStore) -> OidcSignIn | None:
+    """The OpenID Connect provider, its secret read from the variable the config names
+    (a configured provider without its secret is a start-up error, not a broken button)."""
+    if options is None:
+        return None
+    secret = os.environ.get(options.client_secret_env, "")
+    if not secret:
+        raise ValueError(
+            f"dashboard.oidc is configured but {options.client_secret_env} is unset "
+            "(the client secret; docs/deployment.md)"
+        )
+    return OidcSignIn(OidcClient(options, secret), OidcUsers(accounts, options))
 
 
 def _audio(
@@ -329,7 +347,7 @@ def _video(
     metering: Metering,
 ) -> VideoService:
     """Video generation is a job: its rows in the database, its results in the object
-    store behind expiring URLs."""
+    store behind expiring URLs, counted in the organization's stored bytes."""
     return VideoService(
         catalog,
         heads or {},
@@ -340,6 +358,7 @@ def _video(
         url_expiry_s=settings.object_url_expiry_s,
         public_base_url=settings.public_base_url,
         metering=metering,
+        quotas=_storage_quotas(config, database),  # videos count with files and adapters
     )
 
 
@@ -379,11 +398,16 @@ def _adapters(
 ) -> AdapterService:
     """Organizations' adapters, under the per-organization bounds on stored bytes and
     objects that its files share (``storage_quota``)."""
+    quotas = _storage_quotas(config, database)
+    return AdapterService(catalog, AdapterStore(database), objects, heads, quotas=quotas)
+
+
+def _storage_quotas(config: GatewayAppArgs, database: Database) -> StorageQuotas:
+    """The per-organization bound on stored bytes and objects (``storage_quota``): files,
+    adapters and videos; its usage is read from their rows, so every holder agrees."""
     options = config.storage_quota
     limits = StorageLimits(options.max_bytes_per_org, options.max_objects_per_org)
-    return AdapterService(
-        catalog, AdapterStore(database), objects, heads, quotas=StorageQuotas(database, limits)
-    )
+    return StorageQuotas(database, limits)
 
 
 def _embeddings(
@@ -451,9 +475,21 @@ def budget_keeper(
     def awake() -> list[str]:
         return [m for m, s in status().items() if s.state in (READY, WARMING)]
 
+    budget = settings.resolved_memory_budget_gib()
+    catalog = [m for m in config.catalog if m.id in deployments]
+    pins = honour_pins(budget_heads(catalog), budget)
+    for model_id in pins.dropped:
+        logger.warning(
+            "pin of head %s dropped: it does not fit the memory budget (%.1f GiB) beside the "
+            "largest sleeping head %s; it is put to sleep like the others when a head needs "
+            "its room (docs/deployment.md, 'Memory budget')",
+            model_id,
+            budget,
+            pins.largest.model_id if pins.largest is not None else "-",
+        )
     return BudgetKeeper(
-        {h: b for h, b in budget_heads(config.catalog).items() if h in deployments},
-        settings.resolved_memory_budget_gib(),
+        {h: b for h, b in budget_heads(config.catalog, budget).items() if h in deployments},
+        budget,
         awake,
         RaySleepOrders(app_name, deployments),
         StoreLease(DedicatedStore(database), BUDGET_LEASE),

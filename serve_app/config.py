@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from serve_app.auth.oidc_config import DashboardOptions
 from serve_app.catalog.config import CatalogModel
 from serve_app.dedicated.options import DedicatedOptions
 from serve_app.tools.config import ToolsOptions
@@ -404,12 +405,21 @@ class GatewayAppArgs(_Strict):
         default_factory=DedicatedOptions,
         description="Dedicated endpoints: rate card, caps, presets, per-model offer.",
     )
+    dashboard: DashboardOptions = Field(
+        default_factory=DashboardOptions,
+        description="The console's sign-in: an OpenID Connect provider besides passwords.",
+    )
 
     @model_validator(mode="after")
     def _production_fails_closed(self) -> GatewayAppArgs:
         # Only the default flips: an explicit `fail_open: true` stays the operator's choice.
         if self.deployment_mode == "production" and "fail_open" not in self.limits.model_fields_set:
             self.limits.fail_open = False
+        oidc = self.dashboard.oidc
+        if self.deployment_mode == "production" and oidc is not None:
+            problems = oidc.production_problems()
+            if problems:
+                raise ValueError("; ".join(problems))
         return self
 
     @model_validator(mode="after")

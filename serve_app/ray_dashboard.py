@@ -46,6 +46,27 @@ def token_hint(environ: Mapping[str, str] | None = None, home: Path | None = Non
     )
 
 
+def startup_lines(
+    url: str, environ: Mapping[str, str] | None = None, home: Path | None = None
+) -> list[str]:
+    """What ``gateway run`` prints once Ray is up: the URL, and on its own lines where the
+    token is and the one command that prints it (not a tooltip someone must find)."""
+    env = os.environ if environ is None else environ
+    if env.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        return [f"Ray dashboard: {url} (token authentication off: RAY_AUTH_MODE=disabled)"]
+    if env.get("RAY_AUTH_TOKEN"):
+        where = "the RAY_AUTH_TOKEN environment variable `gateway run` was started with"
+    elif env.get("RAY_AUTH_TOKEN_PATH"):
+        where = f"the file {env['RAY_AUTH_TOKEN_PATH']}"
+    else:
+        where = f"the file {(home or Path.home()) / '.ray' / 'auth_token'}"
+    return [
+        f"Ray dashboard: {url} (Ray 2.60 asks the browser for a token)",
+        f"  its token is {where}; print it with: .venv/bin/ray get-auth-token",
+        "  paste it into the dashboard's prompt once (Ray keeps it in a cookie for 30 days)",
+    ]
+
+
 def ray_dashboard(environ: Mapping[str, str] | None = None) -> RayDashboard:
     env = os.environ if environ is None else environ
     return RayDashboard(env.get(DASHBOARD_URL_ENV) or DEFAULT_URL, token_hint(env))

@@ -2,7 +2,7 @@
 
 A speech head (``deployments.audio.speech_head``) or transcription head
 (``deployments.audio.transcription_head``) owns one engine that it receives from
-``deployments.audio.factory``, never constructs itself: Piper or
+``deployments.registry.build_engine``, never constructs itself: Piper or
 faster-whisper on CPU (the embedded default), Orpheus on vLLM or faster-whisper
 on CUDA in production, a scripted engine in tests of the gateway's own logic.
 

@@ -11,14 +11,11 @@ requests while a long text is spoken.
 from __future__ import annotations
 
 import asyncio
-import logging
-from typing import Any
 
 from ray import serve
 
 from deployments.audio.base import SpeechEngine, SpeechEngineInfo, strip_emotion_tags
 from deployments.engine_head import EngineHead, answer_as_value
-from deployments.replica_logging import configure_replica_logging
 from serve_app.contract.audio import (
     SPEC_VOICES,
     SpeechHeadReply,
@@ -29,8 +26,6 @@ from serve_app.contract.errors import (
     InvalidRequestError,
     ModelUnavailableError,
 )
-
-logger = logging.getLogger(__name__)
 
 
 class SpeechHeadCore:
@@ -84,20 +79,11 @@ class SpeechHeadCore:
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.5})
 class SpeechHead(EngineHead):
-    """Ray Serve replica hosting one speech engine; the engine comes from a factory."""
+    """Ray Serve replica hosting one speech engine, built by the backend registry."""
 
+    kind = "speech"
+    core_class = SpeechHeadCore
     core: SpeechHeadCore
-
-    async def __init__(  # type: ignore[misc]  # Ray Serve awaits async constructors
-        self, model_id: str, backend: str, engine_config: dict[str, Any]
-    ) -> None:
-        configure_replica_logging()
-        from deployments.audio.factory import build_speech_engine
-
-        self.model_id = model_id
-        self.core = SpeechHeadCore(build_speech_engine(backend, engine_config))
-        info = await self.core.start()
-        logger.info("speech head %s ready (%d Hz source)", model_id, info.sample_rate)
 
     async def synthesize(self, request: SpeechHeadRequest) -> SpeechHeadReply:
         return await self.core.synthesize(request)

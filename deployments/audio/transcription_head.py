@@ -11,7 +11,6 @@ the model, and the compressed upload is the smallest thing to ship to a head.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 from ray import serve
@@ -22,7 +21,6 @@ from deployments.audio.base import (
     TranscriptionOptions,
 )
 from deployments.engine_head import EngineHead, answer_as_value
-from deployments.replica_logging import configure_replica_logging
 from serve_app.contract.audio import (
     TranscriptionHeadReply,
     TranscriptionHeadRequest,
@@ -32,8 +30,6 @@ from serve_app.contract.audio import (
 from serve_app.contract.errors import (
     ModelUnavailableError,
 )
-
-logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_AUDIO_SECONDS = 4 * 3600.0
 """Longest decoded audio a head accepts: bounds memory when a small file expands."""
@@ -83,8 +79,9 @@ class TranscriptionHeadCore:
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.5})
 class TranscriptionHead(EngineHead):
-    """Ray Serve replica hosting one transcription engine, built by the audio factory."""
+    """Ray Serve replica hosting one transcription engine, built by the backend registry."""
 
+    kind = "transcription"
     core: TranscriptionHeadCore
 
     async def __init__(  # type: ignore[misc]  # Ray Serve awaits async constructors
@@ -94,14 +91,12 @@ class TranscriptionHead(EngineHead):
         engine_config: dict[str, Any],
         max_audio_seconds: float = DEFAULT_MAX_AUDIO_SECONDS,
     ) -> None:
-        configure_replica_logging()
-        from deployments.audio.factory import build_transcription_engine
-
-        self.model_id = model_id
-        engine = build_transcription_engine(backend, engine_config)
-        self.core = TranscriptionHeadCore(engine, max_audio_seconds)
-        info = await self.core.start()
-        logger.info("transcription head %s ready (%d Hz input)", model_id, info.sample_rate)
+        await self.start_engine(
+            model_id,
+            backend,
+            engine_config,
+            lambda engine: TranscriptionHeadCore(engine, max_audio_seconds),
+        )
 
     async def transcribe(self, request: TranscriptionHeadRequest) -> TranscriptionHeadReply:
         return await self.core.transcribe(request)

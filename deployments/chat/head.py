@@ -392,10 +392,10 @@ class ChatHead:
         )
         # Imported here: the gateway process imports this module for the
         # handle types and must not pay for (or need) vLLM itself.
-        from deployments.chat.factory import build_text_engine
+        from deployments import registry
 
         self.model_id = model_id
-        engine = build_text_engine(backend, engine_config)
+        engine = registry.build_engine("chat", backend, engine_config)
         self.core = ChatHeadCore(engine, adapter_slots(engine, open_adapter_objects))
         if self.core.adapters is not None:
             self._multiplex_adapters(self.core.adapters)

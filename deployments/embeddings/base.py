@@ -1,7 +1,7 @@
 """The engine contract of a pooling head (embeddings and scores).
 
 A pooling head (``deployments.embeddings.head``) owns one engine that it receives
-from ``deployments.embeddings.factory``: vLLM's pooling runner on CPU or CUDA, or a
+from ``deployments.registry.build_engine``: vLLM's pooling runner on CPU or CUDA, or a
 scripted engine in tests of the gateway's own logic.
 
 Contract (read this before writing a backend):

@@ -7,7 +7,6 @@ it in-process around a scripted engine; ``PoolingHead`` is the thin Serve wrappe
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from ray import serve
@@ -17,7 +16,6 @@ from deployments.embeddings.base import PoolingEngine
 from deployments.embeddings.config import VLLMPoolingConfig
 from deployments.engine_head import EngineHead, answer_as_value
 from deployments.replica_counters import ReplicaCounters
-from deployments.replica_logging import configure_replica_logging
 from serve_app.contract.dedicated import ReplicaStats
 from serve_app.contract.embeddings import (
     ONE_ITEM_STREAM_METHODS,
@@ -30,8 +28,6 @@ from serve_app.contract.embeddings import (
     ScoreHeadResult,
 )
 from serve_app.contract.errors import HeadFailure, InvalidRequestError, ModelUnavailableError
-
-logger = logging.getLogger(__name__)
 
 
 class PoolingHeadCore:
@@ -81,8 +77,9 @@ def _not_served(what: str, instead: str) -> HeadFailure:
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.25})
 class PoolingHead(EngineHead):
-    """Ray Serve replica hosting one pooling engine; the engine comes from a factory."""
+    """Ray Serve replica hosting one pooling engine, built by the backend registry."""
 
+    kind = "pooling"
     core: PoolingHeadCore
     one_item_streams = ONE_ITEM_STREAM_METHODS
 
@@ -92,17 +89,12 @@ class PoolingHead(EngineHead):
         """``peers`` only binds a dedicated hybrid endpoint's ``burst`` deployment into the
         same app (unused): a dedicated endpoint of a pooling model runs this head in its own
         ``ded-<slug>`` app (``serve_app.dedicated.control.ray_backend``)."""
-        configure_replica_logging()
-        # Imported here: the gateway imports this module for the builder, not vLLM.
-        from deployments.embeddings.factory import build_pooling_engine
-
-        self.core = PoolingHeadCore(build_pooling_engine(backend, engine_config, model_id))
         default_seqs = VLLMPoolingConfig.model_fields["max_num_seqs"].default
         self.counters = ReplicaCounters.in_replica(
             engine_config, default_seqs if backend == "vllm" else None
         )
-        info = await self.core.start()
-        logger.info("pooling head %s ready (%s)", model_id, info)
+        # The engine's builder takes the catalog id too (the name vLLM serves it under).
+        await self.start_engine(model_id, backend, engine_config, PoolingHeadCore, model_id)
 
     async def embed(self, request: EmbedHeadRequest) -> EmbedHeadReply:
         with self.counters.call(request.count):

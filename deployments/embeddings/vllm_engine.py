@@ -28,7 +28,12 @@ from typing import Any
 from deployments.embeddings.base import PoolingEngine
 from deployments.embeddings.config import VLLMPoolingConfig
 from deployments.local_models.resolve import resolve_model
-from deployments.vllm_start import engine_state_error, start_async_llm, vllm_device_type
+from deployments.vllm_start import (
+    TOO_LONG_PHRASES,
+    map_vllm_error,
+    start_async_llm,
+    vllm_device_type,
+)
 from serve_app.contract.embeddings import (
     VECTOR_DTYPE,
     EmbedHeadRequest,
@@ -41,12 +46,11 @@ from serve_app.contract.errors import (
     GatewayError,
     InvalidRequestError,
     ModelUnavailableError,
-    UpstreamError,
 )
 
 logger = logging.getLogger(__name__)
 
-_TOO_LONG = ("maximum context length", "maximum model length", "max_model_len")
+_TOO_LONG = (*TOO_LONG_PHRASES, "max_model_len")
 
 
 @functools.cache
@@ -59,7 +63,6 @@ def _vllm() -> SimpleNamespace:
     from vllm.entrypoints.pooling.scoring.protocol import ScoreTextRequest
     from vllm.entrypoints.pooling.scoring.serving import ServingScores
     from vllm.entrypoints.pooling.utils import enable_scoring_api
-    from vllm.exceptions import VLLMClientError
     from vllm.outputs import ScoringRequestOutput
     from vllm.renderers.chat_utils import ChatTemplateConfig
     from vllm.tasks import SCORE_TYPE_MAP
@@ -72,7 +75,6 @@ def _vllm() -> SimpleNamespace:
         ScoreTextRequest=ScoreTextRequest,
         ServingScores=ServingScores,
         enable_scoring_api=enable_scoring_api,
-        VLLMClientError=VLLMClientError,
         ScoringRequestOutput=ScoringRequestOutput,
         ChatTemplateConfig=ChatTemplateConfig,
         SCORE_TYPE_MAP=SCORE_TYPE_MAP,
@@ -81,19 +83,17 @@ def _vllm() -> SimpleNamespace:
 
 def map_pooling_error(exc: BaseException) -> GatewayError:
     """A vLLM exception -> the gateway's error vocabulary (client mistakes are 400s)."""
-    if (known := engine_state_error(exc)) is not None:
-        return known
-    vllm = _vllm()
-    message = str(exc) or type(exc).__name__
-    if isinstance(exc, vllm.VLLMClientError | ValueError | TypeError | OverflowError):
-        parameter = getattr(exc, "parameter", None)
-        too_long = parameter == "input_tokens" or any(p in message for p in _TOO_LONG)
-        if too_long:
-            return InvalidRequestError(message, code="context_length_exceeded", param="input")
-        if parameter == "dimensions" or "Matryoshka" in message:
-            return InvalidRequestError(message, code="unsupported_parameter", param="dimensions")
-        return InvalidRequestError(message, code="invalid_value", param="input")
-    return UpstreamError(f"The model engine failed: {message}")
+    return map_vllm_error(
+        exc, _pooling_mistake, mistakes=(ValueError, TypeError, OverflowError), too_long=_TOO_LONG
+    )
+
+
+def _pooling_mistake(message: str, parameter: str | None, too_long: bool) -> GatewayError:
+    if too_long:
+        return InvalidRequestError(message, code="context_length_exceeded", param="input")
+    if parameter == "dimensions" or "Matryoshka" in message:
+        return InvalidRequestError(message, code="unsupported_parameter", param="dimensions")
+    return InvalidRequestError(message, code="invalid_value", param="input")
 
 
 def _as_float32_bytes(rows: list[Any]) -> tuple[bytes, int]:

@@ -1,7 +1,7 @@
 """The text-to-video engine contract shared by every video head backend.
 
 A video head (``deployments.video.head``) owns one engine that it receives from
-``deployments.video.factory``, never constructs itself: diffusers'
+``deployments.registry.build_engine``, never constructs itself: diffusers'
 ``WanPipeline`` on a tiny random-weight model on CPU (the embedded default),
 ``LTXPipeline`` on Lightricks/LTX-Video on a GPU in production, a scripted
 engine in tests of the job machinery.

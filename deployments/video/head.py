@@ -200,7 +200,7 @@ class VideoHeadCore(Generic[JobT]):
         seconds = round(len(video.frames) / video.fps, 3)
         gen_seconds = round(time.monotonic() - started, 3)
         done = await asyncio.to_thread(
-            self.jobs.complete, job, self.worker_id, key, seconds, gen_seconds
+            self.jobs.complete, job, self.worker_id, key, seconds, gen_seconds, len(data)
         )
         if done:
             logger.info("job %s completed: %.2f s of video in %.1f s", job.id, seconds, gen_seconds)
@@ -239,7 +239,7 @@ class VideoHead:
         open_stores: VideoStoresFactory,
     ) -> None:
         configure_replica_logging()
-        from deployments.video.factory import build_video_engine
+        from deployments import registry
 
         # The builder's factory opens the gateway's own job and object stores here, in
         # the replica (blocking: it migrates the database), from the same GATEWAY_*
@@ -247,7 +247,7 @@ class VideoHead:
         jobs, objects = await asyncio.to_thread(open_stores)
         self.core: VideoHeadCore[Any] = VideoHeadCore(
             model_id,
-            build_video_engine(backend, engine_config),
+            registry.build_engine("video", backend, engine_config),
             jobs,
             objects,
             VideoWorkerOptions.from_mapping(options or {}),

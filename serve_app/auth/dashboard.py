@@ -16,11 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from serve_app.auth.oidc import OidcError
+from serve_app.auth.oidc_users import OidcSignIn
 from serve_app.auth.sessions import Session, SessionStore, invalid_credentials
 from serve_app.limits.buckets import BucketSpec, CounterStore, Denial, SeedNeeded
 from serve_app.protocol.errors import AuthenticationError, PermissionDeniedError, RateLimitError
+
+logger = logging.getLogger(__name__)
 
 SESSION_COOKIE = "gw_session"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -57,17 +63,28 @@ class DashboardSessions:
     """The sign-in service: each method runs the store's database work in a thread."""
 
     def __init__(
-        self, store: SessionStore, counters: CounterStore, policy: LoginPolicy | None = None
+        self,
+        store: SessionStore,
+        counters: CounterStore,
+        policy: LoginPolicy | None = None,
+        oidc: OidcSignIn | None = None,
     ) -> None:
         self.store = store
+        self.oidc = oidc
+        """OpenID Connect sign-in, when the config declares a provider."""
         self._counters = counters
         self._policy = policy or LoginPolicy()
 
-    async def _admit_attempt(self, username: str, client: str) -> None:
-        buckets = [
-            BucketSpec("requests", f"login:user:{username.lower()}", self._policy.per_user, "user"),
-            BucketSpec("requests", f"login:client:{client}", self._policy.per_client, "key"),
-        ]
+    async def _admit_attempt(self, username: str | None, client: str) -> None:
+        """Count an attempt per client, and per user name when there is one to guess."""
+        buckets = [BucketSpec("requests", f"login:client:{client}", self._policy.per_client, "key")]
+        if username is not None:
+            buckets.insert(
+                0,
+                BucketSpec(
+                    "requests", f"login:user:{username.lower()}", self._policy.per_user, "user"
+                ),
+            )
         outcome = await self._counters.admit(f"login:{client}", buckets, 0)
         if isinstance(outcome, Denial):
             wait = outcome.retry_after_s
@@ -97,6 +114,22 @@ class DashboardSessions:
                 code="invalid_credentials",
             )
         return await asyncio.to_thread(self.store.start, user_id)
+
+    async def sign_in_with_oidc(
+        self, sealed: str | None, params: Mapping[str, str], client: str
+    ) -> tuple[str, Session, str]:
+        """A new session from an OpenID Connect callback: (cookie token, session, the
+        console path to return to). Counted per client (nobody guesses a password here;
+        the code exchange is what a flood would cost); ``OidcError`` when refused."""
+        if self.oidc is None:
+            raise OidcError("not_configured", "no OpenID Connect provider is configured")
+        await self._admit_attempt(None, client)
+        flow, claims = await self.oidc.client.complete(sealed, params)
+        name = self.oidc.client.user_name(claims)
+        user_id = await asyncio.to_thread(self.oidc.users.resolve, name)
+        token, session = await asyncio.to_thread(self.store.start, user_id)
+        logger.info("OIDC sign-in of %s (sub %s)", session.user_name, claims.get("sub"))
+        return token, session, flow.next_path
 
     async def current(self, token: str | None) -> Session:
         """The live session of a cookie, or 401 ``invalid_session``."""

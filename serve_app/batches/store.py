@@ -46,6 +46,7 @@ from serve_app.billing.records import UsageRecord
 from serve_app.billing.store import LedgerStore
 from serve_app.files.store import FileRecord, FileStore
 from serve_app.storage.db import Database
+from serve_app.storage.pages import keyset_page
 from serve_app.storage.schema import batch_lines, batches
 
 _SIZES_PAGE = 1000
@@ -85,21 +86,9 @@ class BatchStore:
 
     def page(self, org_id: str, limit: int, after: str | None) -> tuple[list[BatchRecord], bool]:
         """The org's batches newest first, after the batch ``after``; whether more follow."""
-        query = sa.select(batches).where(b.org_id == org_id)
         with self._db.connect() as conn:
-            if after is not None:
-                anchor = conn.execute(
-                    sa.select(b.created_at, b.id).where(b.id == after, b.org_id == org_id)
-                ).first()
-                if anchor is not None:
-                    at, anchor_id = anchor
-                    query = query.where(
-                        sa.or_(b.created_at < at, sa.and_(b.created_at == at, b.id < anchor_id))
-                    )
-            query = query.order_by(b.created_at.desc(), b.id.desc()).limit(limit + 1)
-            rows = conn.execute(query).mappings().all()
-        records = [BatchRecord.from_row(r) for r in rows]
-        return records[:limit], len(records) > limit
+            rows, more = keyset_page(conn, batches, [b.org_id == org_id], limit=limit, after=after)
+        return [BatchRecord.from_row(r) for r in rows], more
 
     def line_counts(self, batch_id: str) -> tuple[int, int]:
         """(succeeded, failed) lines so far: a running batch's ``request_counts``."""

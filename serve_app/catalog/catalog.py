@@ -19,6 +19,7 @@ from serve_app.catalog.config import (
     PricingConfig,
 )
 from serve_app.contract.adapters import AdapterRef, LoraSettings, split_adapter_id
+from serve_app.contract.head_kinds import HEAD_KINDS
 from serve_app.protocol.errors import InvalidRequestError, PermissionDeniedError, model_not_found
 from serve_app.protocol.models import (
     Architecture,
@@ -43,16 +44,8 @@ _BASE_CHAT_PARAMETERS = (
     "top_p",
 )
 
-# Which route serves each head kind, for model_not_supported_for_endpoint.
-ROUTE_FOR_HEAD: dict[HeadKind, str] = {
-    "chat": "/v1/chat/completions",
-    "speech": "/v1/audio/speech",
-    "transcription": "/v1/audio/transcriptions",
-    "video": "/v1/video/generations",
-    "detect": "/v1/detect",
-    "parse": "/v1/parse",
-    "pooling": "/v1/embeddings",
-}
+ROUTE_FOR_HEAD: dict[str, str] = {spec.name: spec.route for spec in HEAD_KINDS}
+"""Which route serves each head kind, for model_not_supported_for_endpoint."""
 
 
 def route_for(model: CatalogModel) -> str:

@@ -13,8 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from serve_app.contract.adapters import NAME_PATTERN, RESERVED_NAMES, AdapterRef
+from serve_app.contract.head_kinds import HeadKind
 
-HeadKind = Literal["chat", "speech", "transcription", "video", "detect", "parse", "pooling"]
 Modality = Literal["text", "image", "audio", "video", "embedding", "score", "json"]
 ReasoningFormat = Literal["none", "think_tags", "harmony"]
 ScoreKind = Literal["bi-encoder", "cross-encoder"]
@@ -178,11 +178,12 @@ class DeploymentSpec(_Strict):
         "replicas before it forgets the least recently used.",
     )
     adapters_head: Literal["separate", "shared"] = Field(
-        default="separate",
+        default="shared",
         description="Chat heads whose engine config has `lora`: 'separate' serves base-model "
         "requests from replicas without LoRA (vLLM's LoRA layers cost every request, adapter "
         "or not) and adapter requests from a second deployment, `<deployment>-lora`, that "
-        "sleeps when idle; 'shared' serves both from the same LoRA-enabled replicas "
+        "sleeps when idle; 'shared' (the default until 'separate' is measured against vLLM's "
+        "own server) serves both from the same LoRA-enabled replicas "
         "(docs/tuning.md#adapters-and-base-traffic).",
     )
 

@@ -30,7 +30,7 @@ from serve_app.cli import ingress, loopback
 from serve_app.cli.errors import CommandError
 from serve_app.cli.serve_config import load_serve_config
 from serve_app.config import GatewayAppArgs
-from serve_app.ray_dashboard import DASHBOARD_URL_ENV, token_hint
+from serve_app.ray_dashboard import DASHBOARD_URL_ENV, startup_lines
 from serve_app.settings import GatewaySettings
 
 _SubParsers = Any
@@ -285,7 +285,8 @@ def _run(args: argparse.Namespace, settings: GatewaySettings) -> int:
         _serve_checked(serve_config, args, check)
         _step(f"gateway ready on http://{args.host}:{args.port}/v1 (Ctrl-C stops)")
         if args.dashboard:
-            _step(f"Ray dashboard on http://127.0.0.1:{args.dashboard_port}. {token_hint()}")
+            for line in startup_lines(f"http://127.0.0.1:{args.dashboard_port}"):
+                _step(line)
         _step("mint a key with: .venv/bin/gateway keys create --user me --org me")
         _step(
             f"sign in to http://{args.host}:{args.port}/dashboard: .venv/bin/gateway users "

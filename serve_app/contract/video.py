@@ -82,8 +82,16 @@ class VideoJobStore(Protocol[JobT]):
     def heartbeat(self, job_id: str, worker: str) -> bool: ...
 
     def complete(
-        self, job: JobT, worker: str, object_key: str, seconds: float, gen_seconds: float
-    ) -> bool: ...
+        self,
+        job: JobT,
+        worker: str,
+        object_key: str,
+        seconds: float,
+        gen_seconds: float,
+        stored_bytes: int | None = None,
+    ) -> bool:
+        """``stored_bytes``: the uploaded file's size, counted in the organization's storage."""
+        ...
 
     def fail(self, job_id: str, worker: str, message: str) -> bool: ...
 

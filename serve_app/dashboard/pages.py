@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
+from urllib.parse import urlencode
 
 import jinja2
 from fastapi import APIRouter, Request
@@ -41,6 +43,7 @@ PAGES = (
     Page("batches", "Batches and files", "batches.js"),
     Page("adapters", "Adapters", "adapters.js"),
     Page("playground", "Playground", "playground.js"),
+    Page("account", "Your account", "account.js"),
 )
 
 _CONTENT_TYPES = {
@@ -122,9 +125,29 @@ async def home(request: Request) -> Response:
     return RedirectResponse(target, status_code=303)
 
 
+_CONSOLE_PATH = re.compile(r"/dashboard(/[a-z-]*)?")
+
+
 @router.get("/login")
-async def login_page() -> HTMLResponse:
-    return render("login.html", title="Sign in", script="login.js")
+async def login_page(request: Request) -> HTMLResponse:
+    """The sign-in form, and the OpenID Connect provider's button when one is configured
+    (its link carries the page to return to, checked to be a console page)."""
+    provider = _oidc_provider(request)
+    oidc_href = None
+    if provider is not None:
+        next_page = request.query_params.get("next", "")
+        query = f"?{urlencode({'next': next_page})}" if _CONSOLE_PATH.fullmatch(next_page) else ""
+        oidc_href = f"/api/session/oidc/start{query}"
+    return render(
+        "login.html", title="Sign in", script="login.js", provider=provider, oidc_href=oidc_href
+    )
+
+
+def _oidc_provider(request: Request) -> str | None:
+    """The configured provider's name, read from the sign-in service the API uses."""
+    dashboard = getattr(getattr(request.app.state, "gateway", None), "dashboard", None)
+    oidc = getattr(getattr(dashboard, "sessions", None), "oidc", None)
+    return None if oidc is None else str(oidc.client.name)
 
 
 def _page_route(page: Page) -> Callable[[Request], Awaitable[Response]]:

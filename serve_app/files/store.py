@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from serve_app.storage.db import Database
+from serve_app.storage.pages import keyset_page
 from serve_app.storage.schema import files
 
 c = files.c
@@ -81,28 +82,18 @@ class FileStore:
     ) -> tuple[list[FileRecord], bool]:
         """Up to ``limit`` files after the file ``after`` (its position in the order);
         the bool says whether more follow."""
-        query = sa.select(files).where(c.org_id == org_id)
-        if purpose is not None:
-            query = query.where(c.purpose == purpose)
-        order = (c.created_at.desc(), c.id.desc()) if newest_first else (c.created_at, c.id)
+        filters = [] if purpose is None else [c.purpose == purpose]
         with self._db.connect() as conn:
-            if after is not None:
-                anchor = conn.execute(
-                    sa.select(c.created_at, c.id).where(c.id == after, c.org_id == org_id)
-                ).first()
-                if anchor is not None:
-                    at, anchor_id = anchor
-                    if newest_first:
-                        query = query.where(
-                            sa.or_(c.created_at < at, sa.and_(c.created_at == at, c.id < anchor_id))
-                        )
-                    else:
-                        query = query.where(
-                            sa.or_(c.created_at > at, sa.and_(c.created_at == at, c.id > anchor_id))
-                        )
-            rows = conn.execute(query.order_by(*order).limit(limit + 1)).mappings().all()
-        records = [FileRecord.from_row(r) for r in rows]
-        return records[:limit], len(records) > limit
+            rows, more = keyset_page(
+                conn,
+                files,
+                [c.org_id == org_id],
+                limit=limit,
+                after=after,
+                newest_first=newest_first,
+                filters=filters,
+            )
+        return [FileRecord.from_row(r) for r in rows], more
 
     def delete(self, file_id: str, org_id: str) -> FileRecord | None:
         """Remove the org's file row; returns it (None when there was none)."""

@@ -27,7 +27,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Protocol
 
@@ -41,7 +41,12 @@ class BudgetHead:
     model_id: str
     memory_gib: float
     evictable: bool
-    """Sleeps when idle and is not pinned: the only kind ever put to sleep for another."""
+    """Sleeps and is not pinned (or its pin was dropped): the only kind ever put to sleep
+    for another."""
+    pinned: bool = False
+    """The catalog pins it awake and it could sleep (a pin on a head with fixed replicas
+    changes nothing). Honoured only while the budget holds it beside the largest
+    sleeping head (``honour_pins``)."""
 
 
 class Verdict(Enum):
@@ -264,6 +269,47 @@ class BudgetKeeper:
             self._on_evict(model_id, for_model)
 
 
+@dataclass(frozen=True)
+class PinVerdict:
+    """Which pinned heads stay pinned under a budget, and why the others do not."""
+
+    kept: tuple[str, ...]
+    dropped: tuple[str, ...]
+    largest: BudgetHead | None
+    """The largest head that sleeps and is not pinned: what a pin must leave room for."""
+    always_gib: float
+    """What the heads that never sleep (fixed replicas) hold."""
+
+
+def honour_pins(heads: Mapping[str, BudgetHead], budget_gib: float) -> PinVerdict:
+    """Pins kept while the never-sleeping heads, the kept pins and the largest sleeping
+    head fit the budget together, in catalog order; a pin that would not fit is dropped.
+
+    A pin the budget cannot hold would starve the largest head: it could never wake (every
+    call 503 ``model_warming``). Dropped, the pinned head is evicted like any other when a
+    head needs its room, and woken again by its next call (a pinned head has no idle window:
+    it sleeps only when ordered, ``deployments/sleep_policy.py``).
+    """
+    always = sum(h.memory_gib for h in heads.values() if not h.evictable and not h.pinned)
+    largest = max(
+        (h for h in heads.values() if h.evictable and not h.pinned),
+        key=lambda h: h.memory_gib,
+        default=None,
+    )
+    held = always + (largest.memory_gib if largest is not None else 0.0)
+    kept: list[str] = []
+    dropped: list[str] = []
+    for head in heads.values():
+        if not head.pinned:
+            continue
+        if held + head.memory_gib <= budget_gib:  # plan_room's own sum: same rounding
+            kept.append(head.model_id)
+            held += head.memory_gib
+        else:
+            dropped.append(head.model_id)
+    return PinVerdict(tuple(kept), tuple(dropped), largest, always)
+
+
 class _CatalogEntry(Protocol):
     id: str
     memory_gib: float | None
@@ -287,24 +333,35 @@ def sleeps_when_idle(autoscaling: Mapping[str, object] | None) -> bool:
     return autoscaling is not None and autoscaling.get("min_replicas", 1) == 0
 
 
-def budget_heads(models: Iterable[_CatalogEntry]) -> dict[str, BudgetHead]:
+def budget_heads(
+    models: Iterable[_CatalogEntry], budget_gib: float | None = None
+) -> dict[str, BudgetHead]:
     """The catalog's own heads as the budget counts them (external models hold nothing here).
 
     A chat model's separate adapter head (``adapter_head_id``) counts as one more head of
     the model's ``memory_gib`` (declared LoRA slots included), always evictable: it sleeps
     when idle whatever the model's own head does, and pinning is for base traffic.
+    With ``budget_gib``, a pin the budget cannot hold is dropped (``honour_pins``): that
+    head becomes evictable like the others.
     """
     heads: dict[str, BudgetHead] = {}
     for model in models:
         if model.is_external or model.head_id != model.id:
             continue
         autoscaling = getattr(model.deployment, "autoscaling_config", None)
+        sleeps = sleeps_when_idle(autoscaling)
         heads[model.id] = BudgetHead(
             model.id,
             model.memory_gib or 0.0,
-            evictable=sleeps_when_idle(autoscaling) and not model.pinned,
+            evictable=sleeps and not model.pinned,
+            pinned=sleeps and model.pinned,
         )
         adapters = model.adapter_head_id
         if adapters is not None:
             heads[adapters] = BudgetHead(adapters, model.memory_gib or 0.0, evictable=True)
+    if budget_gib is None:
+        return heads
+    verdict = honour_pins(heads, budget_gib)
+    for model_id in verdict.dropped:
+        heads[model_id] = replace(heads[model_id], evictable=True)
     return heads

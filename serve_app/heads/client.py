@@ -58,6 +58,7 @@ from serve_app.contract.embeddings import (
     ScoreHeadRequest,
 )
 from serve_app.contract.errors import HeadFailure
+from serve_app.contract.head_kinds import head_kind
 from serve_app.protocol.errors import GatewayError, ModelUnavailableError, UpstreamError
 
 logger = logging.getLogger(__name__)
@@ -381,7 +382,8 @@ def _loop_bound(handle: Any) -> Any:
 
 @dataclass
 class HeadClients:
-    """The clients of every bound head, by kind (what the services are built with)."""
+    """The clients of every bound head, by kind (what the services are built with); each
+    head kind's ``clients`` (``serve_app.contract.head_kinds``) names its field."""
 
     chat: dict[str, HeadClient] = field(default_factory=dict)
     speech: dict[str, SpeechClient] = field(default_factory=dict)
@@ -397,22 +399,11 @@ def ray_head_clients(catalog: Iterable[CatalogModel], handles: Mapping[str, Any]
     for model in catalog:
         if model.id not in handles:
             continue
-        client = RayHeadClient(model.id, handles[model.id])
-        if model.head == "chat":
-            clients.chat[model.id] = client
-            adapters = model.adapter_head_id  # its adapters' own head, requests' ``head_id``
-            if adapters is not None and adapters in handles:
-                clients.chat[adapters] = RayHeadClient(model.id, handles[adapters])
-        elif model.head == "speech":
-            clients.speech[model.id] = client
-        elif model.head == "transcription":
-            clients.transcription[model.id] = client
-        elif model.head in ("detect", "parse"):
-            clients.documents[model.id] = client
-        elif model.head == "video":
-            clients.video[model.id] = client
-        elif model.head == "pooling":
-            clients.pooling[model.id] = client
+        filed: dict[str, Any] = getattr(clients, head_kind(model.head).clients)
+        filed[model.id] = RayHeadClient(model.id, handles[model.id])
+        adapters = model.adapter_head_id  # its adapters' own head, requests' ``head_id``
+        if model.head == "chat" and adapters is not None and adapters in handles:
+            clients.chat[adapters] = RayHeadClient(model.id, handles[adapters])
     return clients
 
 

@@ -17,6 +17,7 @@ from ray import serve
 from serve_app.composition import build_replica, close_replica
 from serve_app.ingress.app import create_app
 from serve_app.ingress.direct_port import wait_for_direct_port
+from serve_app.ingress.replica_header import ReplicaHeaderMiddleware
 
 logger = logging.getLogger(__name__)
 
@@ -29,10 +30,12 @@ class Gateway:
     async def __init__(  # type: ignore[misc]  # Serve awaits async constructors
         self, args: dict[str, Any], heads: dict[str, Any], tool_runner: Any = None
     ) -> None:
-        app_name = serve.get_replica_context().app_name
-        config, state = await build_replica(args, heads, tool_runner, app_name)
+        context = serve.get_replica_context()
+        config, state = await build_replica(args, heads, tool_runner, context.app_name)
         self._state = state
         self._app = create_app(state, config.max_body_bytes)
+        # Outermost: every answer names its replica, refusals before the body included.
+        self._app.add_middleware(ReplicaHeaderMiddleware, replica=context.replica_id.unique_id)
         await wait_for_direct_port()  # Serve binds --port right after this returns
         logger.info("gateway replica ready with %d models", len(state.catalog))
 

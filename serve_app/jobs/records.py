@@ -91,6 +91,7 @@ class VideoJob:
     started_at: datetime | None = None
     heartbeat_at: datetime | None = None
     finished_at: datetime | None = None
+    bytes: int | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> VideoJob:

@@ -49,6 +49,7 @@ from serve_app.settings import get_settings
 from serve_app.storage.db import Database
 from serve_app.storage.migrations import SQLITE_BEGIN_OPTION
 from serve_app.storage.objects import build_object_store
+from serve_app.storage.pages import keyset_page
 from serve_app.storage.schema import utcnow, video_jobs
 
 _PG_USER_LOCK_CLASS = 61_803_398
@@ -118,14 +119,9 @@ class JobStore:
 
     def list_recent(self, owner: JobOwner, limit: int) -> list[VideoJob]:
         """The owner's ``limit`` most recent jobs, newest first."""
-        query = (
-            sa.select(video_jobs)
-            .where(*_owned_by(owner))
-            .order_by(c.created_at.desc(), c.id.desc())
-            .limit(limit)
-        )
         with self._db.connect() as conn:
-            return [VideoJob.from_row(r) for r in conn.execute(query).mappings()]
+            rows, _ = keyset_page(conn, video_jobs, _owned_by(owner), limit=limit)
+        return [VideoJob.from_row(r) for r in rows]
 
     def cancel(self, job_id: str, owner: JobOwner) -> VideoJob | None:
         """Cancel the owner's job if it is unfinished; returns it as it is now."""
@@ -136,6 +132,23 @@ class JobStore:
                 .values(status=CANCELLED, finished_at=self.now())
             )
         return self.get(job_id, owner)
+
+    def delete(self, job_id: str, owner: JobOwner) -> VideoJob | None:
+        """Remove the owner's job, whatever its status; returns it as it was (None: not
+        theirs). A worker still rendering it finds it gone: its heartbeat stops it, and a
+        completion that matches no row removes the uploaded file (``deployments.video.head``)."""
+        with self._write() as conn:
+            row = (
+                conn.execute(
+                    sa.select(video_jobs).where(c.id == job_id, *_owned_by(owner)).with_for_update()
+                )
+                .mappings()
+                .first()
+            )
+            if row is None:
+                return None
+            conn.execute(sa.delete(video_jobs).where(c.id == job_id))
+        return VideoJob.from_row(row)
 
     # ---- the video head's worker ------------------------------------------------------
     def claim_next(self, model: str, worker: str) -> VideoJob | None:
@@ -170,10 +183,17 @@ class JobStore:
             )
 
     def complete(
-        self, job: VideoJob, worker: str, object_key: str, seconds: float, gen_seconds: float
+        self,
+        job: VideoJob,
+        worker: str,
+        object_key: str,
+        seconds: float,
+        gen_seconds: float,
+        stored_bytes: int | None = None,
     ) -> bool:
         """Mark the job completed and bill its seconds, together; False if it was not
-        running for ``worker`` any more (cancelled or reconciled meanwhile)."""
+        running for ``worker`` any more (cancelled, reconciled or deleted meanwhile).
+        ``stored_bytes``, the MP4's size, counts in the organization's storage quota."""
         now = self.now()
         with self._write() as conn:
             done = conn.execute(
@@ -184,6 +204,7 @@ class JobStore:
                     object_key=object_key,
                     seconds=seconds,
                     gen_seconds=gen_seconds,
+                    bytes=stored_bytes,
                     finished_at=now,
                     heartbeat_at=now,
                 )

@@ -134,3 +134,11 @@ class VideoGenerationJobList(BaseModel):
 
     object: Literal["list"] = "list"
     data: list[VideoGenerationJob]
+
+
+class VideoGenerationDeleted(BaseModel):
+    """``DELETE /v1/video/generations/{job_id}``: the job and its file are gone."""
+
+    id: str
+    object: Literal["video.generation.deleted"] = "video.generation.deleted"
+    deleted: bool = True

@@ -125,6 +125,35 @@ async def inference_caller(request: Request) -> Principal:
 InferenceCaller = Annotated[Principal, Depends(inference_caller)]
 
 
+UPLOAD_FRAMING_BYTES = 64 * 1024
+"""What of an upload's declared ``Content-Length`` may be multipart framing and form fields
+rather than the stored file (a few hundred bytes in practice)."""
+STORAGE_CHECKED_KEY = "gateway.storage_checked"
+"""Set in the ASGI scope once ``uploading_caller`` has checked the organization's room."""
+
+
+async def uploading_caller(request: Request) -> Principal:
+    """An ``inference`` caller whose upload the organization will store (``/v1/files``,
+    ``/api/adapters``): 403 ``storage_quota_exceeded`` from the headers alone, before any
+    body byte is read (``AuthFirstMiddleware`` runs it), when the organization is already
+    at a storage bound or when the declared ``Content-Length`` alone would pass it. The
+    service checks the exact size again once the file is read."""
+    principal = await inference_caller(request)
+    if STORAGE_CHECKED_KEY not in request.scope:
+        state: GatewayState = request.app.state.gateway
+        declared = request.headers.get("content-length", "")
+        known = declared.isdigit() and len(declared) <= 18  # else the body limit's to refuse
+        at_least = int(declared) - UPLOAD_FRAMING_BYTES if known else 0
+        await run_in_threadpool(
+            state.files.quotas.check_declared, principal.org_id, max(1, at_least)
+        )
+        request.scope[STORAGE_CHECKED_KEY] = True
+    return principal
+
+
+UploadingCaller = Annotated[Principal, Depends(uploading_caller)]
+
+
 async def messages_caller(request: Request) -> Principal:
     """An ``inference`` caller as Anthropic clients authenticate: ``x-api-key: <key>``, or
     ``Authorization: Bearer <key>`` (docs/reference/messages.md#authentication)."""
@@ -191,6 +220,13 @@ Dashboard = Annotated[DashboardServices, Depends(dashboard_services)]
 
 
 PRE_BODY_CALLERS = frozenset(
-    {_authenticate, inference_caller, messages_caller, dedicated_caller, session_caller}
+    {
+        _authenticate,
+        inference_caller,
+        uploading_caller,
+        messages_caller,
+        dedicated_caller,
+        session_caller,
+    }
 )
 """The caller dependencies ``AuthFirstMiddleware`` runs before the body is read."""

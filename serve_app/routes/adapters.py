@@ -14,7 +14,7 @@ from fastapi import APIRouter, File, Form, UploadFile
 from serve_app.adapters.service import AdapterService
 from serve_app.contract.adapters import NAME_PATTERN
 from serve_app.protocol.adapters import AdapterDeleted, AdapterList, AdapterObject
-from serve_app.requests.deps import InferenceCaller, State
+from serve_app.requests.deps import InferenceCaller, State, UploadingCaller
 from serve_app.requests.openapi import ERROR_RESPONSES
 
 ADAPTERS_PATH = "/api/adapters"
@@ -36,7 +36,7 @@ def body_limits(service: AdapterService) -> dict[str, int]:
     summary="Upload a PEFT LoRA adapter (zip or tar; organization admins)",
 )
 async def upload_adapter(
-    caller: InferenceCaller,
+    caller: UploadingCaller,
     state: State,
     file: Annotated[
         UploadFile,

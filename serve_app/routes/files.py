@@ -14,7 +14,7 @@ from fastapi import APIRouter, File, Form, Query, Response, UploadFile
 
 from serve_app.files.service import FileService
 from serve_app.protocol.files import FileDeleted, FileList, FileObject
-from serve_app.requests.deps import InferenceCaller, State
+from serve_app.requests.deps import InferenceCaller, State, UploadingCaller
 from serve_app.requests.openapi import ERROR_RESPONSES
 from serve_app.routes.answers import http_response
 
@@ -37,7 +37,7 @@ def body_limits(service: FileService) -> dict[str, int]:
     summary="Upload a file (purpose 'batch': a JSONL batch input file)",
 )
 async def upload_file(
-    caller: InferenceCaller,
+    caller: UploadingCaller,
     state: State,
     file: Annotated[UploadFile, File(description="The file (JSONL for purpose 'batch').")],
     purpose: Annotated[Literal["batch"], Form(description="'batch' (JSONL batch input).")],

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, Response
 
 from serve_app.protocol.video import (
+    VideoGenerationDeleted,
     VideoGenerationJob,
     VideoGenerationJobList,
     VideoGenerationRequest,
@@ -66,6 +67,16 @@ async def cancel_job(
     job_id: str, caller: InferenceCaller, state: State, request: Request
 ) -> Response:
     return http_response(await state.video.cancel(job_id, caller, str(request.base_url)))
+
+
+@router.delete(
+    "/generations/{job_id}",
+    response_model=VideoGenerationDeleted,
+    responses=ERROR_RESPONSES,
+    summary="Delete a video job and its file (frees the organization's storage)",
+)
+async def delete_job(job_id: str, caller: InferenceCaller, state: State) -> Response:
+    return http_response(await state.video.delete(job_id, caller))
 
 
 @router.get(

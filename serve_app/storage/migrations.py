@@ -454,6 +454,13 @@ def _v9_dashboard_sessions(conn: Connection) -> None:
         conn.execute(sa.text(f"ALTER TABLE orgs ADD COLUMN {flag} BOOLEAN NOT NULL DEFAULT false"))
 
 
+def _v10_video_bytes(conn: Connection) -> None:
+    """A completed video job's stored size, so its MP4 counts in its organization's storage
+    quota (jobs completed before it have none and are not counted)."""
+    conn.execute(sa.text("ALTER TABLE video_jobs ADD COLUMN bytes BIGINT"))
+    conn.execute(sa.text("CREATE INDEX ix_video_jobs_org ON video_jobs (org_id)"))
+
+
 # ---- The ordered history. Append new migrations at the end. ----------------
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "accounts", _v1_accounts),
@@ -465,6 +472,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(7, "batches", _v7_batches),
     Migration(8, "adapters", _v8_adapters),
     Migration(9, "dashboard_sessions", _v9_dashboard_sessions),
+    Migration(10, "video_bytes", _v10_video_bytes),
 )
 
 

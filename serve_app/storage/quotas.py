@@ -3,10 +3,12 @@
 Organizations share one object store (a local folder or an S3 bucket) and one
 database; without a bound one organization could fill either for everyone. What an
 organization holds is read from the rows that own the objects: its ``files`` (uploads
-and batch outputs) and its ``adapters``, each counting as one object of its recorded
-size. Uploads are refused past either bound with 403 ``storage_quota_exceeded``
-(docs/reference/common.md#error-codes); a batch's output is written whatever the usage (the
-batch was accepted) and counts against the next upload.
+and batch outputs), its ``adapters`` and its video jobs' MP4s (``video_jobs`` rows with
+a stored size), each counting as one object of its recorded size. Uploads are refused
+past either bound with 403 ``storage_quota_exceeded`` (docs/reference/common.md#error-codes),
+and so is a new video job while the organization is at a bound; a batch's output and an
+accepted video job's file are written whatever the usage (the work was accepted) and
+count against what comes next. Deleting a file, an adapter or a video job frees its share.
 
 The check that admits an upload and the insert of its row are one transaction
 serialised per organization (``BEGIN IMMEDIATE`` on SQLite; a transaction-scoped
@@ -28,7 +30,7 @@ from sqlalchemy.engine import Connection
 
 from serve_app.protocol.errors import PermissionDeniedError
 from serve_app.storage.db import Database
-from serve_app.storage.schema import adapters, files
+from serve_app.storage.schema import adapters, files, video_jobs
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +40,9 @@ _PG_ORG_LOCK_CLASS = 61_803_399
 """First key of the per-organization advisory lock (pg_advisory_xact_lock(int4, int4));
 the video jobs' per-user lock uses 61_803_398."""
 
-_OWNERS = (files, adapters)
-"""The tables whose rows own stored objects, each with ``org_id`` and ``bytes``."""
+_OWNERS = (files, adapters, video_jobs)
+"""The tables whose rows own stored objects, each with ``org_id`` and ``bytes``; a row
+whose ``bytes`` is null (a video job without a stored file yet) owns nothing."""
 
 
 @dataclass(frozen=True)
@@ -52,15 +55,16 @@ class StorageLimits:
 
 @dataclass(frozen=True)
 class StoredUsage:
-    """What an organization holds: bytes and objects (files, batch outputs, adapters)."""
+    """What an organization holds: bytes and objects (files, batch outputs, adapters,
+    videos)."""
 
     bytes: int
     objects: int
 
 
-def storage_quota_exceeded(message: str) -> PermissionDeniedError:
+def storage_quota_exceeded(message: str, param: str | None = "file") -> PermissionDeniedError:
     """403: waiting frees nothing (only deleting does), so not a 429 the SDKs retry."""
-    return PermissionDeniedError(message, code="storage_quota_exceeded", param="file")
+    return PermissionDeniedError(message, code="storage_quota_exceeded", param=param)
 
 
 class StorageQuotas:
@@ -78,6 +82,29 @@ class StorageQuotas:
         """Refuse an upload of ``adding_bytes`` that would pass a bound (no lock held)."""
         if self._bounded():
             self._refuse_past(self.usage(org_id), adding_bytes)
+
+    def check_declared(self, org_id: str, at_least_bytes: int) -> None:
+        """Refuse an upload whose body is not read yet, of at least ``at_least_bytes`` (its
+        declared size less framing; 1 when none is declared), that would pass a bound."""
+        if self._bounded():
+            self._refuse_past(self.usage(org_id), at_least_bytes, declared=True)
+
+    def check_new_video(self, org_id: str) -> None:
+        """Refuse a new video job while the organization is at either bound: its file's
+        size is known only once rendered (then stored whatever the usage), so the job is
+        refused when one more object, or one more byte, would pass a bound. Blocking."""
+        if not self._bounded():
+            return
+        usage = self.usage(org_id)
+        max_objects, max_bytes = self.limits.max_objects, self.limits.max_bytes
+        full_objects = max_objects is not None and usage.objects >= max_objects
+        if full_objects or (max_bytes is not None and usage.bytes >= max_bytes):
+            raise storage_quota_exceeded(
+                f"Your organization stores {usage.objects} objects and {usage.bytes} bytes "
+                "(files, batch outputs, adapters and videos), at its limit; delete some "
+                "before generating another video.",
+                param=None,
+            )
 
     def store(
         self,
@@ -117,18 +144,24 @@ class StorageQuotas:
             )
             conn.execute(sa.select(lock))
 
-    def _refuse_past(self, usage: StoredUsage, adding_bytes: int) -> None:
+    def _refuse_past(self, usage: StoredUsage, adding_bytes: int, declared: bool = False) -> None:
         max_objects, max_bytes = self.limits.max_objects, self.limits.max_bytes
         if max_objects is not None and usage.objects + 1 > max_objects:
             raise storage_quota_exceeded(
-                f"Your organization stores {usage.objects} objects (files, batch outputs and "
-                f"adapters), its limit; delete some to upload more."
+                f"Your organization stores {usage.objects} objects (files, batch outputs, "
+                f"adapters and videos), its limit; delete some to upload more."
+            )
+        if max_bytes is not None and usage.bytes + adding_bytes > max_bytes and declared:
+            raise storage_quota_exceeded(
+                f"Your organization stores {usage.bytes} bytes; this upload, of at least "
+                f"{adding_bytes} bytes by its declared size, would pass its limit of "
+                f"{max_bytes}; delete files, adapters or videos to make room."
             )
         if max_bytes is not None and usage.bytes + adding_bytes > max_bytes:
             raise storage_quota_exceeded(
                 f"This upload of {adding_bytes} bytes would take your organization's stored "
                 f"bytes to {usage.bytes + adding_bytes}, over its limit of {max_bytes}; delete "
-                "files or adapters to make room."
+                "files, adapters or videos to make room."
             )
 
 
@@ -136,7 +169,8 @@ def _usage_in(conn: Connection, org_id: str) -> StoredUsage:
     total_bytes = total_objects = 0
     for table in _OWNERS:
         size, count = conn.execute(
-            sa.select(sa.func.coalesce(sa.func.sum(table.c.bytes), 0), sa.func.count())
+            # count(bytes), not count(*): a video job without a stored file owns nothing.
+            sa.select(sa.func.coalesce(sa.func.sum(table.c.bytes), 0), sa.func.count(table.c.bytes))
             .select_from(table)
             .where(table.c.org_id == org_id)
         ).one()

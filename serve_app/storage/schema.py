@@ -288,12 +288,16 @@ video_jobs = sa.Table(
     sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
     sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=True),
     sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+    # The stored MP4's size, set with object_key on completion: counted by the
+    # organization's storage quota (serve_app.storage.quotas); None while there is no file.
+    sa.Column("bytes", sa.BigInteger, nullable=True),
     sa.CheckConstraint(
         "status IN ('queued', 'running', 'completed', 'failed', 'cancelled')",
         name="ck_video_jobs_status",
     ),
     sa.Index("ix_video_jobs_user_created", "user_id", "created_at"),
     sa.Index("ix_video_jobs_model_status", "model", "status", "created_at"),
+    sa.Index("ix_video_jobs_org", "org_id"),
 )
 
 # One row (id 1): bumped in the transaction of every account write (serve_app.auth.epoch).

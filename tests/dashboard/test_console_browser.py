@@ -182,7 +182,9 @@ def test_the_playground_streams_an_answer(page: Page, live_gateway: LiveGateway)
     screenshot(page, "playground")
 
 
-@pytest.mark.parametrize("slug", ["keys", "usage", "members", "batches", "adapters", "playground"])
+@pytest.mark.parametrize(
+    "slug", ["keys", "usage", "members", "batches", "adapters", "playground", "account"]
+)
 def test_every_page_loads_its_data_cleanly(
     page: Page, live_gateway: LiveGateway, slug: str
 ) -> None:
@@ -344,6 +346,9 @@ def test_only_platform_admins_get_the_ray_dashboard_link(
     expect(link).to_be_visible()
     assert (link.get_attribute("href") or "").startswith("http")
     assert link.get_attribute("title")  # where the token is
+    # ... and, not only as a tooltip, in words on their account page.
+    page.goto(f"{live_gateway.url}/dashboard/account")
+    expect(page.locator("#ray-token")).to_contain_text("get-auth-token")
 
 
 def test_the_organization_switcher_changes_what_the_pages_show(

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from serve_app.dashboard import pages
+from tests.fixtures.dashboard import PASSWORD, signed_in
 from tests.fixtures.gateway import GatewayHarness
 
 PACKAGE = Path(pages.__file__).parent
@@ -79,3 +80,27 @@ async def test_unknown_files_are_not_found(sync_gateway: GatewayHarness, path: s
         answer = await http.get(path)
     assert answer.status_code == 404
     assert "def " not in answer.text
+
+
+async def test_the_account_page_is_every_users_and_changes_their_password(
+    sync_gateway: GatewayHarness,
+) -> None:
+    """A member gets the page (and it is in their navigation); its form posts where the
+    API changes the password, with the session's CSRF token like every write."""
+    sync_gateway.store.set_membership("erin", "acme", "member")
+    async with signed_in(sync_gateway, "erin") as http:
+        page = await http.get("/dashboard/account")
+        assert page.status_code == 200
+        assert '<a href="/dashboard/account" aria-current="page">Your account</a>' in page.text
+        assert 'id="password-form"' in page.text and 'autocomplete="new-password"' in page.text
+        keys_page = await http.get("/dashboard/keys")
+        assert 'href="/dashboard/account"' in keys_page.text
+        change = {"current_password": PASSWORD, "new_password": "another long password"}
+        token = http.headers.pop("X-CSRF-Token")
+        refused = await http.post("/api/session/password", json=change)
+        assert refused.json()["error"]["code"] == "csrf_failed"
+        http.headers["X-CSRF-Token"] = token
+        assert (await http.post("/api/session/password", json=change)).status_code == 204
+        assert (await http.get("/dashboard/account")).status_code == 200  # still signed in
+    script = pages.assets()["account.js"].body.decode()
+    assert '"/api/session/password"' in script

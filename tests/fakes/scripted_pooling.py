@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from deployments import registry
 from deployments.embeddings.base import PoolingEngine
-from deployments.embeddings.factory import register_pooling_backend
 from serve_app.contract.embeddings import (
     VECTOR_DTYPE,
     EmbedHeadRequest,
@@ -133,4 +133,4 @@ class ScriptedPoolingEngine(PoolingEngine):
             raise RuntimeError("scripted failure")
 
 
-register_pooling_backend("scripted", lambda config, _name: ScriptedPoolingEngine(config))
+registry.register("pooling", "scripted", lambda config, _name: ScriptedPoolingEngine(config))

@@ -159,6 +159,12 @@ def ledger_usage(database: Database) -> dict[str, tuple[int, int]]:
         return {row[0]: (int(row[1]), int(row[2])) for row in conn.execute(query)}
 
 
+def answered(load: ChatLoad, since: float) -> int:
+    """How many of the load's requests sent at ``since`` or later have their answer: what
+    a fault test waits for instead of a fixed time (``tests.fixtures.waiting.until``)."""
+    return sum(1 for a in load.answers if a.started >= since)
+
+
 def during(answers: list[Answer], start: float, end: float) -> list[Answer]:
     """Answers to requests sent in [start, end)."""
     return [a for a in answers if start <= a.started < end]

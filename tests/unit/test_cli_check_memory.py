@@ -8,7 +8,13 @@ import pytest
 
 from serve_app.catalog.config import CatalogModel
 from serve_app.cli.check.memory import check_memory, memory_summary
-from serve_app.settings import GatewaySettings, machine_memory_gib, parse_gib
+from serve_app.settings import (
+    STACK_RESERVE_GIB,
+    GatewaySettings,
+    default_memory_budget_gib,
+    machine_memory_gib,
+    parse_gib,
+)
 
 SLEEPS = {"num_replicas": None, "autoscaling_config": {"min_replicas": 0, "max_replicas": 1}}
 
@@ -34,19 +40,37 @@ def test_a_head_bigger_than_the_budget_is_flagged() -> None:
     assert check_memory(models, budget_gib=10) == []
 
 
-def test_a_sleeping_head_that_never_fits_beside_the_pinned_ones_is_flagged() -> None:
+def test_a_sleeping_head_that_never_fits_beside_the_never_sleeping_ones_is_flagged() -> None:
     models = [
-        _model("pinned", 3.0, pinned=True, deployment=SLEEPS),
-        _model("always", 2.0),  # fixed replicas: never sleeps
+        _model("always", 5.0),  # fixed replicas: never sleeps
         _model("tools", 4.0, deployment=SLEEPS),
     ]
     problems = check_memory(models, budget_gib=8)
     assert [p.subject for p in problems] == ["model tools"]
     assert "never wake" in problems[0].problem
     assert check_memory(models, budget_gib=9) == []
+
+
+def test_a_pin_is_kept_only_while_it_fits_beside_the_largest_sleeping_head() -> None:
+    models = [
+        _model("pinned", 3.0, pinned=True, deployment=SLEEPS),
+        _model("always", 2.0),  # fixed replicas: never sleeps
+        _model("tools", 4.0, deployment=SLEEPS),
+    ]
+    assert check_memory(models, budget_gib=9) == []
     lines = memory_summary(models, 9)
     assert "always awake (pinned or never sleeping) 5.0 GiB" in lines[0]
     assert "all awake at once 9.0 GiB" in lines[0]
+    assert "pinned awake: pinned" in lines
+    # 2 + 3 + 4 = 9 > 8: kept, the pin would leave tools no room ever; dropped, all fit
+    assert check_memory(models, budget_gib=8) == []
+    lines = memory_summary(models, 8)
+    assert "always awake (pinned or never sleeping) 2.0 GiB" in lines[0]
+    assert not any(line.startswith("pinned awake") for line in lines)
+    assert (
+        "pin of pinned dropped: 9.0 GiB with the largest sleeping head, over the budget; "
+        "it is put to sleep when another head needs its room"
+    ) in lines
 
 
 def test_always_awake_heads_over_the_budget_are_flagged() -> None:
@@ -69,7 +93,9 @@ def test_budget_sizes(text: str, gib: float) -> None:
 
 def test_budget_defaults_to_half_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GATEWAY_MEMORY_BUDGET", raising=False)
-    assert GatewaySettings().resolved_memory_budget_gib() == machine_memory_gib() / 2
+    assert GatewaySettings().resolved_memory_budget_gib() == default_memory_budget_gib()
+    # half the machine less the rest of the stack: 24 GiB leaves the heads 10.5
+    assert default_memory_budget_gib() == machine_memory_gib() / 2 - STACK_RESERVE_GIB
     monkeypatch.setenv("GATEWAY_MEMORY_BUDGET", "8G")
     assert GatewaySettings().resolved_memory_budget_gib() == 8.0
 

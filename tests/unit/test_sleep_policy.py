@@ -29,8 +29,13 @@ SHIPPED = {
 class Head:
     """One deployment's policy as the controller runs it, with a clock and an order store."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, autoscaling: dict[str, Any] = SHIPPED):
-        self.config = AutoscalingConfig(**with_sleep_policy(autoscaling))
+    def __init__(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        autoscaling: dict[str, Any] = SHIPPED,
+        pinned: bool = False,
+    ):
+        self.config = AutoscalingConfig(**with_sleep_policy(autoscaling, pinned=pinned))
         self.orders: dict[bytes, bytes] = {}
         policy = _resolve_policy_callable(self.config.policy)
         assert isinstance(policy, SleepPolicy)
@@ -103,6 +108,19 @@ def test_an_order_puts_an_idle_head_to_sleep_at_once(monkeypatch: pytest.MonkeyP
     assert head.tick(requests=0, seconds=2) == 0
 
 
+def test_a_pinned_head_never_sleeps_when_idle_only_when_ordered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert with_sleep_policy(SHIPPED, pinned=True)["policy"]["policy_kwargs"] == {"idle_s": None}
+    head = Head(monkeypatch, pinned=True)
+    head.tick(requests=1)
+    for _ in range(30):
+        assert head.tick(requests=0, seconds=60) == 1  # half an hour idle: still awake
+    head.order()  # its pin dropped: the budget keeper may order it like any other
+    head.tick(requests=0)
+    assert head.tick(requests=0, seconds=2) == 0
+
+
 def test_an_order_never_stops_a_head_with_requests(monkeypatch: pytest.MonkeyPatch) -> None:
     head = Head(monkeypatch)
     head.order()
@@ -151,4 +169,7 @@ def test_the_builder_gives_sleeping_heads_the_policy_and_leaves_the_others() -> 
     assert tools.policy.policy_function == "deployments.sleep_policy:SleepPolicy"
     assert tools.policy.policy_kwargs == {"idle_s": 600.0}
     assert tools.downscale_to_zero_delay_s == 1.0
-    assert autoscaling("smollm2-135m-instruct") is None  # fixed replicas: never sleeps
+    chat = autoscaling("smollm2-135m-instruct")  # pinned: awake from the start, no idle window
+    assert chat.policy.policy_kwargs == {"idle_s": None}
+    assert (chat.min_replicas, chat.initial_replicas) == (0, 1)
+    assert autoscaling("tatr").policy.policy_kwargs == {"idle_s": 600.0}

@@ -186,3 +186,53 @@ def test_engine_state_errors_shared_by_every_vllm_head() -> None:
     gone = vllm_start.engine_state_error(GracefulHTTPError("no such", HTTPStatus(404)))
     assert gone is not None and gone.status_code == 404
     assert vllm_start.engine_state_error(ValueError("a caller's mistake?")) is None
+
+
+def test_each_vllm_head_names_a_callers_mistake_its_own_way() -> None:
+    """The one mapping (``map_vllm_error``) as the chat and pooling heads call it: the same
+    exception is a 400 on both, coded by the head's routes; a crash is a 502 on both."""
+    from deployments.chat.vllm_engine import map_engine_error
+    from deployments.embeddings.vllm_engine import map_pooling_error
+
+    too_long = ValueError("This model's maximum context length is 64 tokens.")
+    chat, pooling = map_engine_error(too_long), map_pooling_error(too_long)
+    assert (chat.status_code, chat.code, chat.param) == (400, "context_length_exceeded", None)
+    assert (pooling.status_code, pooling.code, pooling.param) == (
+        400,
+        "context_length_exceeded",
+        "input",
+    )
+    # Only the pooling head counts a TypeError, and "max_model_len", as the caller's.
+    assert map_engine_error(TypeError("x")).status_code == 502
+    assert map_pooling_error(TypeError("x")).code == "invalid_value"
+    over = ValueError("longer than max_model_len")
+    assert map_engine_error(over).code is None
+    assert map_pooling_error(over).code == "context_length_exceeded"
+    crash = RuntimeError("boom")
+    for mapped in (map_engine_error(crash), map_pooling_error(crash)):
+        assert (mapped.status_code, mapped.message) == (502, "The model engine failed: boom")
+
+
+def test_chat_and_pooling_configs_share_the_engine_settings() -> None:
+    """``VLLMHeadConfig``'s fields translate alike for both heads; each keeps its own
+    defaults (batch size, CPU KV cache) and adds its own args; ``engine_args`` win."""
+    from deployments.chat.vllm_config import VLLMEngineConfig
+    from deployments.embeddings.config import VLLMPoolingConfig
+
+    shared = {"model": "/m", "dtype": "auto", "max_model_len": 32, "engine_args": {"seed": 7}}
+    chat = VLLMEngineConfig(**shared).engine_kwargs("cpu", "/m")
+    pooling = VLLMPoolingConfig(**shared).engine_kwargs("cpu", "/m", "emb")
+    for kwargs in (chat, pooling):
+        assert kwargs["dtype"] == "float32" and kwargs["enforce_eager"] is True
+        assert (kwargs["max_model_len"], kwargs["seed"]) == (32, 7)
+    assert (chat["max_num_seqs"], pooling["max_num_seqs"]) == (4, 64)
+    assert (chat["kv_cache_memory_bytes"], pooling["kv_cache_memory_bytes"]) == (
+        256 << 20,
+        64 << 20,
+    )
+    assert (chat["served_model_name"], pooling["served_model_name"]) == ("/m", "emb")
+    assert pooling["runner"] == "pooling" and "runner" not in chat
+    assert "kv_cache_memory_bytes" not in VLLMEngineConfig(model="/m").engine_kwargs("cuda", "/m")
+    with pytest.raises(ValueError, match="max_model_len"):
+        VLLMEngineConfig(model="/m", max_model_len=8)  # the chat head's bound is 16
+    assert VLLMPoolingConfig(model="/m", max_model_len=8).max_model_len == 8

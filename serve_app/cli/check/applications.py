@@ -4,7 +4,8 @@ Each application that runs ``serve_app.builders:build_gateway_app`` has its args
 as ``GatewayAppArgs`` (the catalog included), each catalog entry's engine checked
 (``backends.check_model``), and a production application its environment: the
 settings production refuses to start without, every external model's upstream key, and
-the catalog's test engines and random-weight ``tiny:`` models.
+the catalog's test engines and random-weight ``tiny:`` models. A console sign-in provider
+(``dashboard.oidc``) is checked in every mode (``serve_app.cli.check.oidc``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic import ValidationError
 
 from serve_app.cli.check.backends import check_model
 from serve_app.cli.check.memory import check_memory, memory_summary
+from serve_app.cli.check.oidc import check_oidc
 from serve_app.cli.check.problems import Problem
 from serve_app.composition import catalog_stand_ins
 from serve_app.config import GatewayAppArgs
@@ -52,6 +54,7 @@ def check_applications(
         for model in config.catalog:
             problems.extend(check_model(model, settings, hub_allowed=hub_allowed))
         problems.extend(check_memory(config.catalog, settings.resolved_memory_budget_gib()))
+        problems.extend(check_oidc(config.dashboard.oidc))
         if config.deployment_mode == "production":  # locally `gateway run` mints the loopback key
             problems.extend(_external_keys(config))
             problems.extend(_stand_ins(config))

@@ -18,6 +18,7 @@ from typing import Any
 
 from serve_app.auth.principal import Principal
 from serve_app.catalog.config import CatalogModel
+from serve_app.contract.head_kinds import HEAD_KINDS
 from serve_app.dedicated.alias import app_name_for
 from serve_app.dedicated.control.backend import AppSpec, DeploymentSpec
 from serve_app.dedicated.offer.engine import (
@@ -39,9 +40,10 @@ from serve_app.dedicated.store import EndpointRow
 from serve_app.protocol.dedicated import DedicatedEngineConfig, DedicatedScalingBounds
 from serve_app.protocol.errors import InvalidRequestError
 
-DEDICATED_HEADS = frozenset({"chat", "pooling"})
-"""Head kinds a dedicated endpoint can clone: chat models, and pooling (embedding and
-scoring) models, served by the pooling head in the endpoint's own app."""
+DEDICATED_HEADS = frozenset(spec.name for spec in HEAD_KINDS if spec.dedicated)
+"""Head kinds a dedicated endpoint can clone (the table's ``dedicated``): chat models, and
+pooling (embedding and scoring) models, served by the pooling head in the endpoint's own
+app."""
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,8 @@ from serve_app.inference.answers import Body
 from serve_app.inference.ids import new_request_id
 from serve_app.inference.metering import Metering, RequestMeta
 from serve_app.inference.readiness import HeadReadiness
-from serve_app.inference.unit_metering import estimate_tokens
-from serve_app.inference.unit_service import UnitHeadService
+from serve_app.inference.unary_metering import estimate_tokens
+from serve_app.inference.unary_service import UnaryHeadService
 from serve_app.protocol.audio import (
     MAX_TRANSCRIPTION_FILE_BYTES,
     SPEECH_FORMATS,
@@ -75,7 +75,7 @@ class TranscriptionForm:
     ignored: list[str] = field(default_factory=list)
 
 
-class AudioService(UnitHeadService):
+class AudioService(UnaryHeadService):
     """Serves ``/v1/audio/speech`` and ``/v1/audio/transcriptions`` for the catalog."""
 
     def __init__(

@@ -37,7 +37,7 @@ from serve_app.inference.ids import new_request_id
 from serve_app.inference.images import ImagePolicy, check_image_bytes
 from serve_app.inference.metering import Metering, RequestMeta
 from serve_app.inference.readiness import HeadReadiness
-from serve_app.inference.unit_service import UnitHeadService
+from serve_app.inference.unary_service import UnaryHeadService
 from serve_app.protocol.documents import (
     DetectedRegion,
     DetectRequest,
@@ -65,7 +65,7 @@ class DocumentPolicy:
     """Largest image (width x height) accepted: bounds what a head has to decode."""
 
 
-class DocumentService(UnitHeadService):
+class DocumentService(UnaryHeadService):
     """Serves ``/v1/detect`` and ``/v1/parse`` for the catalog."""
 
     def __init__(

@@ -40,7 +40,7 @@ from serve_app.inference.embeddings.inputs import PoolingInputs, embedding_input
 from serve_app.inference.ids import new_request_id
 from serve_app.inference.metering import Metering, RequestMeta
 from serve_app.inference.readiness import HeadReadiness
-from serve_app.inference.unit_service import UnitHeadService
+from serve_app.inference.unary_service import UnaryHeadService
 from serve_app.protocol.embeddings import (
     EmbeddingRequest,
     PoolingUsage,
@@ -66,7 +66,7 @@ class EmbeddingPolicy:
     timeout_s: float = 120.0
 
 
-class EmbeddingService(UnitHeadService):
+class EmbeddingService(UnaryHeadService):
     """Serves ``/v1/embeddings``, ``/v1/rerank`` and ``/v1/score`` for the catalog."""
 
     def __init__(

@@ -18,6 +18,10 @@ A completed job's ``video.url`` is resolved afresh on every read (a new
 signature or presigned URL with a new expiry). Jobs belong to the user of the
 key in the organization of the key: another user's job, or the same user's job made
 under another organization, is a 404 with exactly the body of a missing one.
+
+A job's MP4 counts in its organization's storage quota (``serve_app.storage.quotas``):
+a create is refused while the organization is at a bound, and deleting the job frees
+its file.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from serve_app.heads.client import VideoHeadClient
 from serve_app.inference.answers import Body
 from serve_app.inference.metering import Metering, RequestMeta
 from serve_app.inference.readiness import HeadReadiness
-from serve_app.inference.unit_metering import UnitMetering
+from serve_app.inference.unary_metering import UnaryMetering
 from serve_app.jobs.records import (
     COMPLETED,
     FAILED,
@@ -51,12 +55,14 @@ from serve_app.jobs.store import JobStore
 from serve_app.protocol.errors import (
     ModelUnavailableError,
     NotFoundError,
+    PermissionDeniedError,
     video_job_not_found,
     video_jobs_quota_exceeded,
 )
 from serve_app.protocol.headers import ignored_params_header
 from serve_app.protocol.video import (
     MAX_SEED,
+    VideoGenerationDeleted,
     VideoGenerationJob,
     VideoGenerationJobList,
     VideoGenerationRequest,
@@ -64,6 +70,7 @@ from serve_app.protocol.video import (
     VideoResult,
 )
 from serve_app.storage.objects import LocalObjectStore, ObjectStore
+from serve_app.storage.quotas import StorageQuotas
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +95,7 @@ class VideoService:
         url_expiry_s: int = 3600,
         public_base_url: str | None = None,
         metering: Metering | None = None,
+        quotas: StorageQuotas | None = None,
     ) -> None:
         self.catalog = catalog
         self.heads = heads
@@ -97,7 +105,8 @@ class VideoService:
         self.options = options
         self.url_expiry_s = url_expiry_s
         self.public_base_url = public_base_url
-        self.usage = UnitMetering(metering or Metering())
+        self.usage = UnaryMetering(metering or Metering())
+        self.quotas = quotas
         self._pokes: set[asyncio.Task[None]] = set()
 
     # ---- routes ---------------------------------------------------------------------
@@ -111,6 +120,12 @@ class VideoService:
         await self._admit(meta)
         options = self.options
         metrics = self.usage.metering.metrics
+        if self.quotas is not None:
+            try:
+                await asyncio.to_thread(self.quotas.check_new_video, principal.org_id)
+            except PermissionDeniedError:
+                metrics.request(model.id, ENDPOINT, "rejected")
+                raise
         created = await asyncio.to_thread(
             self.jobs.create, job, options.max_unfinished_jobs_per_user, options.stale_after_s
         )
@@ -152,6 +167,21 @@ class VideoService:
         if job is None:
             raise video_job_not_found(job_id)
         return self._json(job, base_url)
+
+    async def delete(self, job_id: str, principal: Principal) -> Body:
+        """Remove the caller's job and its file, whatever its status (an unfinished one
+        stops: its worker finds the row gone); the file no longer counts in the quota."""
+        job = None
+        if valid_job_id(job_id):
+            job = await asyncio.to_thread(self.jobs.delete, job_id, _owner(principal))
+        if job is None:
+            raise video_job_not_found(job_id)
+        if job.object_key:
+            try:
+                await asyncio.to_thread(self.objects.delete, job.object_key)
+            except Exception:  # an orphaned object costs storage, not correctness
+                logger.warning("video %s of deleted job %s not removed", job.object_key, job.id)
+        return Body.json(VideoGenerationDeleted(id=job.id).model_dump())
 
     def local_file(self, key: str, expires: str, signature: str) -> Path:
         """The file a signed local URL names (404 when videos are not stored locally)."""

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from deployments.audio.factory import build_speech_engine, build_transcription_engine
+from deployments import registry
 from deployments.audio.speech_head import SpeechHeadCore
 from deployments.audio.transcription_head import TranscriptionHeadCore
 from serve_app.billing.records import UsageRecord
@@ -59,7 +59,7 @@ AUDIO_CATALOG: list[dict[str, Any]] = [
     _speech("scripted-tts", "scripted-speech"),
     _speech("tagged-tts", "scripted-speech", emotion_tags=True),
     _speech("slow-tts", "scripted-speech", delay_s=30),
-    _speech("busy-tts", "scripted-speech", block_s=1.0),
+    _speech("busy-tts", "scripted-speech", gated=True),
     _speech("failing-tts", "scripted-speech", fail=True),
     _speech("headless-tts", "scripted-speech"),
     _stt(WHISPER, "faster-whisper"),
@@ -73,14 +73,14 @@ HEADLESS = {"headless-tts", "headless-stt"}
 
 @pytest.fixture(scope="session")
 def real_speech_core() -> Iterator[SpeechHeadCore]:
-    core = SpeechHeadCore(build_speech_engine("piper", {}))
+    core = SpeechHeadCore(registry.build_engine("speech", "piper", {}))
     asyncio.run(core.start())
     yield core
 
 
 @pytest.fixture(scope="session")
 def real_stt_core() -> Iterator[TranscriptionHeadCore]:
-    core = TranscriptionHeadCore(build_transcription_engine("faster-whisper", {}))
+    core = TranscriptionHeadCore(registry.build_engine("transcription", "faster-whisper", {}))
     asyncio.run(core.start())
     yield core
 
@@ -95,11 +95,13 @@ async def _heads(
         if entry["id"] in HEADLESS or not backend.startswith("scripted"):
             continue
         if entry["head"] == "speech":
-            core = SpeechHeadCore(build_speech_engine(backend, config))
+            core = SpeechHeadCore(registry.build_engine("speech", backend, config))
             await core.start()
             speech[entry["id"]] = LocalSpeechClient(core)
         else:
-            stt_head = TranscriptionHeadCore(build_transcription_engine(backend, config))
+            stt_head = TranscriptionHeadCore(
+                registry.build_engine("transcription", backend, config)
+            )
             await stt_head.start()
             stt[entry["id"]] = LocalTranscriptionClient(stt_head)
     return speech, stt

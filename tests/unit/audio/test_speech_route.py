@@ -14,6 +14,7 @@ import pytest
 
 from serve_app.contract.audio import SPEC_VOICES
 from tests.fixtures.gateway import GatewayHarness
+from tests.fixtures.waiting import until
 from tests.unit.audio.conftest import PIPER, AudioFactory, ledger_records
 
 SPEECH = "/v1/audio/speech"
@@ -152,20 +153,18 @@ async def test_unknown_fields_are_named_as_ignored(audio_gw: GatewayHarness) -> 
 
 
 async def test_a_long_synthesis_does_not_block_other_requests(audio_gw: GatewayHarness) -> None:
-    finished: list[str] = []
-
-    async def speech() -> None:
-        await post(audio_gw, {"model": "busy-tts", "input": "Hi."})
-        finished.append("speech")
-
-    async def models() -> None:
-        await asyncio.sleep(0.1)  # the synthesis is running in its worker thread by now
+    """Another request is answered while a synthesis holds its worker thread: the synthesis
+    ends only when the test opens its gate, after that answer (no timer decides the order)."""
+    gate = audio_gw.app.state.gateway.audio.speech_heads["busy-tts"].core.engine.gate
+    speech = asyncio.ensure_future(post(audio_gw, {"model": "busy-tts", "input": "Hi."}))
+    try:
+        await until(gate.entered.is_set)  # the synthesis is blocking its worker thread
         async with audio_gw.client(audio_gw.keys["user"]) as http:
             assert (await http.get("/v1/models")).status_code == 200
-        finished.append("models")
-
-    await asyncio.gather(speech(), models())
-    assert finished == ["models", "speech"]
+        assert not speech.done()
+    finally:
+        gate.open()
+    assert (await speech).status_code == 200
 
 
 async def test_audio_seconds_go_to_the_ledger(audio_gw: GatewayHarness) -> None:

@@ -14,6 +14,8 @@ import pytest
 
 from serve_app.auth.epoch import EpochReader, EpochWatch, bump_in_transaction
 from serve_app.storage.db import Database
+from tests.fixtures.limits import ManualClock
+from tests.fixtures.waiting import until
 
 
 def _database(tmp_path: Path) -> Database:
@@ -46,16 +48,28 @@ class _InlineCount:
 
 
 async def test_busy_requests_do_not_wait_for_the_database(tmp_path: Path) -> None:
-    watch = EpochWatch(_database(tmp_path), poll_s=0.05)
+    """While the poller reads every interval, only the very first request reads itself.
+
+    The clock is the test's: each interval the poller is made to read (as its timer
+    would), then requests come at every 10 ms up to just before the value counts as
+    stale (two intervals). A rule that read per request once the value is one interval
+    old would read five times a round; requests that read for themselves instead of a
+    poller would never see the poller's read arrive (the hang guard). A busy machine
+    that delays a real timer cannot change what is counted.
+    """
+    clock = ManualClock(1000.0)
+    watch = EpochWatch(_database(tmp_path), poll_s=0.05, clock=clock)
     inline = _InlineCount(watch)
     try:
-        for _ in range(40):  # >0.4 s of traffic: eight poll intervals
-            await watch.current()
-            await asyncio.sleep(0.01)
-        # The first request, before the poller had read; a second only if a loaded
-        # machine delayed one background read past two intervals. Requests that
-        # read for themselves every interval would make it eight or more.
-        assert 1 <= inline.count <= 2
+        await watch.current()  # before the poller ever read: this one reads inline
+        for _ in range(8):  # eight poll intervals of traffic
+            clock.advance(0.05)
+            watch._poller.wake()  # its timer would also do (a wake during a read is lost)
+            await until(lambda: watch._db_read_at >= clock.now)  # a read begun by now
+            for _ in range(10):
+                await watch.current()
+                clock.advance(0.009)
+        assert inline.count == 1
     finally:
         await watch.aclose()
 
@@ -75,12 +89,15 @@ async def test_a_change_elsewhere_is_seen_within_100_ms(tmp_path: Path) -> None:
 async def test_the_poller_stops_when_idle_and_the_next_request_reads_inline(
     tmp_path: Path,
 ) -> None:
-    watch = EpochWatch(_database(tmp_path), poll_s=0.02, idle_s=0.1)
+    clock = ManualClock(1000.0)
+    watch = EpochWatch(_database(tmp_path), poll_s=0.02, idle_s=0.1, clock=clock)
     inline = _InlineCount(watch)
     try:
         first = await watch.current()
-        await asyncio.sleep(0.3)
-        assert not watch._poller.running
+        assert watch._poller.running
+        clock.advance(0.1)  # no request for idle_s: the poller's next round is its last
+        await until(lambda: not watch._poller.running)
+        clock.advance(1.0)  # idle on: the last value read ages past two intervals
         await asyncio.to_thread(_bump_from_elsewhere, tmp_path)
         # Idle: nothing read the change, so this request must, and must see it.
         assert (await watch.current())[2] == first[2] + 1

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from serve_app.batches.records import line_request_id
+from tests.fixtures.waiting import until
 from tests.unit.batches.conftest import BatchHarness, chat_line, make_batch_harness
 
 
@@ -244,9 +245,12 @@ async def test_the_worker_gives_way_to_live_requests(batches: BatchHarness) -> N
 async def test_live_traffic_is_counted_in_flight_while_it_runs(batches: BatchHarness) -> None:
     metering = batches.worker.metering
     seen: list[int] = []
+    answered = asyncio.Event()
 
     async def watch() -> None:
-        for _ in range(200):
+        # Samples until the answer: the request's stall is one timer, each sample's wait a
+        # shorter one scheduled before it, so a sample falls inside the stall on any machine.
+        while not answered.is_set():
             seen.append(metering.live_in_flight)
             await asyncio.sleep(0.005)
 
@@ -254,6 +258,7 @@ async def test_live_traffic_is_counted_in_flight_while_it_runs(batches: BatchHar
     async with batches.client() as http:
         watcher = asyncio.create_task(watch())
         assert (await http.post("/v1/chat/completions", json=body)).status_code == 200
+        answered.set()
         await watcher
     assert max(seen) == 1 and metering.live_in_flight == 0
 
@@ -424,11 +429,7 @@ async def test_a_stopped_worker_puts_its_running_line_back(batches: BatchHarness
     created = await batches.create([chat_line("slow", "#stall 30")])
     worker = batches.worker
     worker.start()
-    for _ in range(200):  # the loop validates the batch and starts the line
-        if worker._tasks:
-            break
-        await asyncio.sleep(0.02)
-    assert worker._tasks
+    await until(lambda: bool(worker._tasks))  # the loop validates the batch and starts the line
     await worker.stop()
     [line] = worker.store.claim_lines("next", 1, batches.clock(), 60)
     assert (line.custom_id, line.attempts) == ("slow", 1)  # back at once, try not counted

@@ -18,6 +18,7 @@ from serve_app.billing.store import LedgerStore
 from serve_app.catalog.config import PricingConfig
 from serve_app.storage.db import Database
 from serve_app.storage.schema import usage_records
+from tests.fixtures.waiting import until
 from tests.unit.billing.records import make_record
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -65,11 +66,7 @@ async def test_a_full_batch_wakes_the_flusher(db: Database, tmp_path: Path) -> N
     await ledger.start()
     for i in range(120):
         ledger.submit(make_record(f"req-{i:03d}"))
-    for _ in range(200):
-        if len(stored_ids(db)) >= 100:
-            break
-        await asyncio.sleep(0.02)
-    assert len(stored_ids(db)) >= 100  # two full batches went without waiting an hour
+    await until(lambda: len(stored_ids(db)) >= 100, every_s=0.02)  # two full batches, no hour
     await ledger.aclose()
     assert len(stored_ids(db)) == 120
 

@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from deployments.chat.factory import build_text_engine
+from deployments import registry
 from deployments.chat.vllm_engine import VLLMEngine
 from serve_app.contract.chat import GenerationDone, PromptSpec, SamplingSpec, TextDelta
 
@@ -57,7 +57,7 @@ def catalog_engine_config() -> dict[str, Any]:
 async def engine(qwen_tool_model_dir: Path) -> AsyncIterator[VLLMEngine]:
     config = catalog_engine_config()
     assert config["model"] == f"prepared:{MODEL_ID}"
-    built = build_text_engine("vllm", config)
+    built = registry.build_engine("chat", "vllm", config)
     assert isinstance(built, VLLMEngine)
     assert Path(built.config.model).samefile(qwen_tool_model_dir)
     await built.start()

@@ -1,4 +1,10 @@
-"""Head streams cross the handle in batches: eager until the first token, then windowed."""
+"""Head streams cross the handle in batches: eager until the first token, then windowed.
+
+Which events share a batch is decided by when each window ends. The tests that assert
+batches end the windows themselves (``_Windows``, passed as ``coalesce``'s timer) and
+pace the producer on what the consumer received, so a slow or busy machine cannot
+split or join a batch.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import pytest
 
 from deployments.stream_batching import StreamLoad, coalesce, merge_deltas
 from serve_app.contract.chat import GenerationDone, HeadStarted, TextDelta, ToolCallDelta
+from tests.fixtures.waiting import until
 
 
 async def _timed(items: list[tuple[float, Any]]) -> AsyncIterator[Any]:
@@ -28,19 +35,66 @@ def _tokens(n: int, delay: float) -> list[tuple[float, Any]]:
     return [(delay, TextDelta(0, text=f"t{i} ", completion_tokens=i + 1)) for i in range(n)]
 
 
+def _token(i: int) -> TextDelta:
+    return TextDelta(0, text=f"t{i} ", completion_tokens=i + 1)
+
+
+def _merged(first: int, last: int) -> TextDelta:
+    """Tokens ``first``..``last`` as one delta (what a batch of them is merged into)."""
+    text = "".join(f"t{i} " for i in range(first, last + 1))
+    return TextDelta(0, text=text, completion_tokens=last + 1)
+
+
+class _Windows:
+    """``coalesce``'s timer, run by the test: a window ends when ``close`` says its time is
+    up (or when the producer ends), never on the machine's clock. ``widths`` are the
+    windows asked for, in order."""
+
+    def __init__(self) -> None:
+        self.widths: list[float] = []
+        self._open: asyncio.Timeout | None = None
+
+    def __call__(self, width: float) -> asyncio.Timeout:
+        self.widths.append(width)
+        self._open = asyncio.timeout(None)
+        return self._open
+
+    async def opened(self, count: int) -> None:
+        """Until the ``count``-th window is open (the consumer waits in it)."""
+        await until(lambda: len(self.widths) >= count)
+
+    def close(self) -> None:
+        assert self._open is not None
+        self._open.reschedule(asyncio.get_running_loop().time())
+
+
 async def test_first_events_go_alone_and_the_rest_in_merged_windows() -> None:
     started = HeadStarted(prompt_tokens=5, max_tokens=20)
     done = GenerationDone(prompt_tokens=5, completion_tokens=20)
-    events = [(0.0, started), *_tokens(20, 0.005), (0.0, done)]
-    batches = await _collect(coalesce(_timed(events), interval_s=0.03))
-    assert batches[0] == [started]
-    assert batches[1] == [TextDelta(0, text="t0 ", completion_tokens=1)]
-    rest = [e for b in batches[2:] for e in b]
-    assert len(batches) - 2 < 19  # windows, not one message per token
-    texts = "".join(e.text for e in rest if isinstance(e, TextDelta))
-    assert texts == "".join(f"t{i} " for i in range(1, 20))
-    assert rest[-1] == done
-    assert max(e.completion_tokens for e in rest if isinstance(e, TextDelta)) == 20
+    windows = _Windows()
+    batches: list[list[Any]] = []
+
+    async def produce() -> AsyncIterator[Any]:
+        yield started
+        yield _token(0)
+        yield _token(1)  # opens the first window
+        await windows.opened(1)
+        for i in range(2, 10):
+            await asyncio.sleep(0)  # each on its own turn of the loop, inside the window
+            yield _token(i)
+        windows.close()  # its time is up
+        await until(lambda: len(batches) == 3)
+        yield _token(10)  # opens the second window
+        await windows.opened(2)
+        for i in range(11, 20):
+            await asyncio.sleep(0)
+            yield _token(i)
+        yield done  # the end closes the second window before its time
+
+    async for batch in coalesce(produce(), interval_s=0.03, timer=windows):
+        batches.append(batch)
+    assert batches == [[started], [_token(0)], [_merged(1, 9)], [_merged(10, 19), done]]
+    assert windows.widths == [0.03, 0.03]
 
 
 async def test_no_interval_sends_the_rest_of_the_answer_at_once() -> None:
@@ -108,14 +162,28 @@ def test_merge_does_not_extend_a_finished_choice() -> None:
 async def test_events_that_arrive_while_a_batch_is_out_are_not_lost() -> None:
     started = HeadStarted(prompt_tokens=1, max_tokens=3)
     done = GenerationDone(prompt_tokens=1, completion_tokens=3)
-    events = [(0, started), *_tokens(2, 0.0), (0.01, TextDelta(0, "t2 ", completion_tokens=3))]
+    windows = _Windows()
     seen: list[Any] = []
-    async for batch in coalesce(_timed([*events, (0.0, done)]), interval_s=0.001):
+    ended = asyncio.Event()
+
+    async def produce() -> AsyncIterator[Any]:
+        try:
+            yield started
+            yield _token(0)
+            yield _token(1)
+            await windows.opened(1)
+            windows.close()
+            await until(lambda: _token(1) in seen)  # the batch is out with the consumer
+            yield _token(2)
+            yield done
+        finally:
+            ended.set()
+
+    async for batch in coalesce(produce(), interval_s=0.001, timer=windows):
         seen.extend(batch)
-        if any(isinstance(e, TextDelta) and e.text == "t1 " for e in batch):
-            await asyncio.sleep(0.05)  # a slow consumer: the producer ends meanwhile
-    assert seen[-1] == done
-    assert "".join(e.text for e in seen if isinstance(e, TextDelta)) == "t0 t1 t2 "
+        if _token(1) in batch:
+            await ended.wait()  # a slow consumer: the producer ends meanwhile
+    assert seen == [started, _token(0), _token(1), _token(2), done]
 
 
 async def test_no_wake_ups_while_no_token_comes() -> None:
@@ -134,13 +202,37 @@ async def test_no_wake_ups_while_no_token_comes() -> None:
 
 
 async def test_the_window_is_read_per_batch() -> None:
-    widths = iter([0.2, 0.0, 0.0, 0.0, 0.0])
-    started = HeadStarted(prompt_tokens=1, max_tokens=6)
-    events = [(0, started), *_tokens(6, 0.02), (0.0, GenerationDone(1, 6))]
-    batches = await _collect(coalesce(_timed(events), lambda: next(widths, 0.0)))
-    # the 200 ms window after the first token gathers the other five and the end
-    assert len(batches) == 3
-    assert batches[2][0] == TextDelta(0, text="t1 t2 t3 t4 t5 ", completion_tokens=6)
+    widths = iter([0.2, 0.0, 0.0])
+    read: list[float] = []
+
+    def interval() -> float:
+        read.append(next(widths, 0.0))
+        return read[-1]
+
+    started = HeadStarted(prompt_tokens=1, max_tokens=7)
+    done = GenerationDone(1, 7)
+    windows = _Windows()
+    batches: list[list[Any]] = []
+
+    async def produce() -> AsyncIterator[Any]:
+        yield started
+        yield _token(0)
+        yield _token(1)
+        await windows.opened(1)  # the 200 ms window gathers the next four
+        for i in range(2, 6):
+            await asyncio.sleep(0)
+            yield _token(i)
+        windows.close()
+        await until(lambda: len(batches) == 3)
+        yield _token(6)  # a zero window: sent as it is read, no timer
+        await until(lambda: len(batches) == 4)
+        yield done
+
+    async for batch in coalesce(produce(), interval, timer=windows):
+        batches.append(batch)
+    assert batches == [[started], [_token(0)], [_merged(1, 5)], [_token(6)], [done]]
+    assert read == [0.2, 0.0, 0.0]  # once per batch after the first token
+    assert windows.widths == [0.2]
 
 
 def test_the_window_widens_with_the_streams_in_flight_between_its_bounds() -> None:

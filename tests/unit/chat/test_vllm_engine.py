@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from deployments import registry
 from deployments.chat.base import EngineEvent, PreparedPrompt
-from deployments.chat.factory import build_text_engine
 from deployments.chat.vllm_engine import VLLMEngine
 from serve_app.contract.chat import GenerationDone, PromptSpec, SamplingSpec, TextDelta
 from serve_app.protocol.errors import InvalidRequestError, ModelUnavailableError
+from tests.fixtures.waiting import until
 
 pytest.importorskip("vllm")
 
@@ -38,7 +39,8 @@ _SERVE_LIKE: list[logging.handlers.MemoryHandler] = []
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine(smollm2_dir: Path) -> AsyncIterator[VLLMEngine]:
-    built = build_text_engine(
+    built = registry.build_engine(
+        "chat",
         "vllm",
         {
             "model": str(smollm2_dir),
@@ -331,13 +333,9 @@ def _engine_counter(name: str) -> float:
 
 
 async def _settled(name: str, before: float, expected: float) -> float:
-    """The counter's increase once vLLM's output loop has recorded the last step."""
-    grown = _engine_counter(name) - before
-    for _ in range(40):
-        if grown >= expected:
-            break
-        await asyncio.sleep(0.05)
-        grown = _engine_counter(name) - before
+    """The counter's increase once vLLM's output loop has recorded the last step (waited
+    for under a hang guard, not a 2 s budget a busy machine may overrun)."""
+    await until(lambda: _engine_counter(name) - before >= expected, every_s=0.05)
     await asyncio.sleep(0.2)  # anything recorded late would show as drift below
     return _engine_counter(name) - before
 

@@ -45,12 +45,12 @@ async def test_a_pooling_replica_counts_input_tokens_and_inputs(
 
     from ray import serve
 
-    from deployments.embeddings import head as pooling_head
+    from deployments import engine_head
     from deployments.embeddings.head import PoolingHead
     from serve_app.contract.embeddings import EmbedHeadRequest, ScoreHeadRequest
 
     # The replica's logging set-up would rewire this process's loggers for later tests.
-    monkeypatch.setattr(pooling_head, "configure_replica_logging", lambda: None)
+    monkeypatch.setattr(engine_head, "configure_replica_logging", lambda: None)
     context = SimpleNamespace(replica_id=SimpleNamespace(unique_id="pool-1"))
     monkeypatch.setattr(serve, "get_replica_context", lambda: context)
     head = PoolingHead.func_or_class.__new__(PoolingHead.func_or_class)

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
+from deployments import registry
 from deployments.documents.base import (
     ParseEngine,
     ParseEngineInfo,
     ParseOptions,
     ParseOutput,
 )
-from deployments.documents.factory import build_detect_engine, build_parse_engine
 from deployments.documents.head import DetectHeadCore, ParseHeadCore
 from serve_app.heads.client import DocumentClient, LocalDocumentClient
 from tests.fixtures.gateway import CATALOG, GatewayHarness, add_keys, build_harness
@@ -115,9 +115,9 @@ def document_heads(tiny_models_dir: Path) -> dict[str, DocumentClient]:
                 slow = entry["id"] == "slow-parse"
                 core = ParseHeadCore(ScriptedParse(delay_s=5 if slow else 0, fail=not slow))
             elif entry["head"] == "detect":
-                core = DetectHeadCore(build_detect_engine(backend, config))
+                core = DetectHeadCore(registry.build_engine("detect", backend, config))
             else:
-                core = ParseHeadCore(build_parse_engine(backend, config))
+                core = ParseHeadCore(registry.build_engine("parse", backend, config))
             await core.start()
             heads[entry["id"]] = LocalDocumentClient(core)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from deployments.documents.factory import build_detect_engine
+from deployments import registry
 from deployments.local_models.tiny_document_models import ensure_tiny
 from serve_app.catalog.config import CatalogModel
 from serve_app.cli.check import check_model
@@ -62,8 +62,8 @@ def test_the_detect_head_loads_a_timm_backbone_config(tmp_path: Path) -> None:
     folder = ensure_tiny("table-transformer-timm", tmp_path / "tiny-table-transformer-timm")
     saved = json.loads((folder / "config.json").read_text())
     assert saved["use_timm_backbone"] is True and "backbone_config" not in saved
-    engine = build_detect_engine(
-        "table-transformer", {"model": str(folder), "device": "cpu", "threshold": 0.0}
+    engine = registry.build_engine(
+        "detect", "table-transformer", {"model": str(folder), "device": "cpu", "threshold": 0.0}
     )
 
     async def detect() -> list[object]:

@@ -13,6 +13,7 @@ from serve_app.heads.budget import (
     KeeperTiming,
     Verdict,
     budget_heads,
+    honour_pins,
     plan_room,
 )
 
@@ -126,9 +127,16 @@ class Lease:
             Lease.holder = None
 
 
-def keeper(serve: Serve, orders: Orders, clock: Clock, budget: float, lease=None) -> BudgetKeeper:
+def keeper(
+    serve: Serve,
+    orders: Orders,
+    clock: Clock,
+    budget: float,
+    lease: Lease | None = None,
+    heads: dict[str, BudgetHead] | None = None,
+) -> BudgetKeeper:
     return BudgetKeeper(
-        HEADS,
+        HEADS if heads is None else heads,
         budget,
         serve,
         orders,
@@ -192,6 +200,69 @@ def test_unknown_head_is_not_held_back() -> None:
     assert asyncio.run(k.make_room("ded-acme"))
 
 
+SHIPPED_FOOTPRINTS = {  # configs/catalog/local.yaml's memory_gib of the large heads
+    "smollm2": BudgetHead("smollm2", 2.5, evictable=False, pinned=True),
+    "qwen": BudgetHead("qwen", 6.2, evictable=True),
+    "vision": BudgetHead("vision", 2.9, evictable=True),
+    "reasoning": BudgetHead("reasoning", 2.2, evictable=True),
+    "embed": BudgetHead("embed", 1.5, evictable=True),
+}
+
+
+def test_a_pin_is_honoured_only_while_it_fits_beside_the_largest_sleeping_head() -> None:
+    kept = honour_pins(SHIPPED_FOOTPRINTS, 8.7)  # 2.5 + 6.2: just fits
+    assert kept.kept == ("smollm2",) and kept.dropped == ()
+    assert kept.largest is not None and kept.largest.model_id == "qwen"
+    dropped = honour_pins(SHIPPED_FOOTPRINTS, 8.0)
+    assert dropped.kept == () and dropped.dropped == ("smollm2",)
+    # never-sleeping heads count first; pins are kept in catalog order while they fit
+    heads = {
+        "fixed": BudgetHead("fixed", 1.0, evictable=False),
+        "a": BudgetHead("a", 1.0, evictable=False, pinned=True),
+        "b": BudgetHead("b", 2.0, evictable=False, pinned=True),
+        "big": BudgetHead("big", 4.0, evictable=True),
+    }
+    assert honour_pins(heads, 7.5).kept == ("a",)  # 1 + 1 + 4 = 6; + 2 = 8 > 7.5
+    assert honour_pins(heads, 7.5).always_gib == 1.0
+
+
+def test_under_a_small_budget_the_dropped_pin_is_evicted_for_the_tool_model() -> None:
+    from dataclasses import replace
+
+    heads = dict(SHIPPED_FOOTPRINTS)
+    heads["smollm2"] = replace(heads["smollm2"], evictable=True)  # what budget_heads(.., 8) does
+    orders, clock = Orders(), Clock()
+    serve = Serve({"smollm2", "embed"}, orders)
+    k = keeper(serve, orders, clock, budget=8, heads=heads)
+    k.note_use("embed")
+    clock.now += 60
+    k.note_use("smollm2")  # used last, but 2.5 + 1.5 + 6.2 > 8 and 1.5 alone is not enough
+    clock.now += 60
+    assert asyncio.run(k.make_room("qwen"))
+    assert orders.ordered == [("embed", "qwen"), ("smollm2", "qwen")]
+    assert serve.awake == set()
+    # and back: SmolLM2 (2.5) wakes beside nothing else awake but qwen (6.2): qwen goes
+    serve.awake = {"qwen"}
+    clock.now += 60
+    assert asyncio.run(k.make_room("smollm2"))
+    assert orders.ordered[-1] == ("qwen", "smollm2")
+
+
+def test_under_the_default_budget_the_pin_holds() -> None:
+    orders, clock = Orders(), Clock()
+    serve = Serve({"smollm2", "vision", "reasoning"}, orders)
+    k = keeper(serve, orders, clock, budget=11.8, heads=SHIPPED_FOOTPRINTS)
+    clock.now += 60
+    assert asyncio.run(k.make_room("qwen"))  # 2.5 + 2.9 + 2.2 + 6.2 = 13.8 > 11.8
+    assert [m for m, _ in orders.ordered] == ["reasoning"]  # 11.6: enough
+    k.note_use("qwen")
+    clock.now += 60
+    serve.awake = {"smollm2", "vision", "qwen"}
+    assert asyncio.run(k.make_room("reasoning"))  # 11.6 + 2.2 > 11.8
+    assert [m for m, _ in orders.ordered] == ["reasoning", "vision"]  # never smollm2
+    assert serve.awake == {"smollm2", "qwen"}
+
+
 def test_budget_heads_from_the_catalog() -> None:
     from serve_app.cli.serve_config import load_serve_config
     from serve_app.config import GatewayAppArgs
@@ -204,6 +275,11 @@ def test_budget_heads_from_the_catalog() -> None:
     assert heads["qwen2.5-coder-1.5b-instruct"].evictable
     assert "loopback/smollm2-135m-instruct" not in heads  # external: holds nothing here
     assert all(h.memory_gib > 0 for h in heads.values())
+    catalog = GatewayAppArgs.model_validate(app["args"]).catalog
+    assert not budget_heads(catalog, 11.8)["smollm2-135m-instruct"].evictable  # 2.5 + 6.2 fit
+    small = budget_heads(catalog, 8.0)
+    assert small["smollm2-135m-instruct"].evictable  # pin dropped: 2.5 + 6.2 > 8
+    assert small["qwen2.5-coder-1.5b-instruct"].evictable
 
 
 @pytest.fixture(autouse=True)

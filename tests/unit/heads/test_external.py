@@ -7,7 +7,6 @@ import asyncio
 import json
 import socket
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -17,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from tests.fixtures.gateway import CATALOG, GatewayHarness, HarnessFactory
+from tests.fixtures.waiting import wait_until
 
 NOTICE = "Served by Example Provider outside our infrastructure."
 
@@ -170,9 +170,7 @@ def upstream() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: server.started)
     yield f"http://127.0.0.1:{port}/v1", calls
     server.should_exit = True
     thread.join(timeout=5)

@@ -10,6 +10,7 @@ import pytest
 from serve_app.heads.budget import BudgetHead, BudgetKeeper, KeeperTiming
 from serve_app.heads.waker import HeadWaker
 from serve_app.inference.readiness import ASLEEP, HeadReadiness, HeadState
+from tests.fixtures.waiting import GUARD_S
 
 
 class _Handle:
@@ -22,6 +23,20 @@ class _Handle:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         future.set_result(None)
         return future
+
+
+class _Clock:
+    """The keeper's clock and sleep: a poll moves time on at once (no real waiting)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        await asyncio.sleep(0)
 
 
 class _Orders:
@@ -45,9 +60,22 @@ def _keeper(awake: set[str], orders: _Orders, budget: float) -> BudgetKeeper:
     def seen() -> set[str]:
         return awake - set(orders.ordered)  # Serve takes an ordered idle head down
 
+    clock = _Clock()
     return BudgetKeeper(
-        heads, budget, seen, orders, timing=KeeperTiming(poll_s=0.01, deadline_s=0.5)
+        heads,
+        budget,
+        seen,
+        orders,
+        clock=clock,
+        sleep=clock.sleep,
+        timing=KeeperTiming(poll_s=0.01, deadline_s=0.5),
     )
+
+
+async def _attempt_ended(waker: HeadWaker, model_id: str) -> None:
+    """Until the waker's attempt (the gate, then the wake call or not) is over: what it
+    did is then final, however long a busy machine took."""
+    await asyncio.wait_for(waker._pending[model_id], GUARD_S)
 
 
 @pytest.mark.parametrize(("budget", "wakes", "evicted"), [(9, 1, ["embed"]), (7, 0, [])])
@@ -58,7 +86,7 @@ async def test_the_wake_call_goes_only_once_there_is_room(
     keeper = _keeper({"chat", "embed"}, orders, budget)
     waker = HeadWaker({"tools": handle}, bound_s=5, gate=keeper.make_room)
     waker("tools")
-    await asyncio.sleep(0.3)
+    await _attempt_ended(waker, "tools")
     assert handle.calls == wakes
     assert orders.ordered == evicted
 
@@ -70,7 +98,7 @@ async def test_a_failing_gate_keeps_the_head_asleep() -> None:
     handle = _Handle()
     waker = HeadWaker({"tools": handle}, bound_s=5, gate=broken)
     waker("tools")
-    await asyncio.sleep(0.05)
+    await _attempt_ended(waker, "tools")
     assert handle.calls == 0
 
 

@@ -25,6 +25,7 @@ from serve_app.inference.readiness import (
 )
 from serve_app.protocol.errors import ModelUnavailableError
 from tests.fixtures.gateway import GatewayHarness
+from tests.fixtures.waiting import until
 
 
 def _dep(status: str, **replicas: int) -> dict[str, Any]:
@@ -77,17 +78,6 @@ def test_status_source_maps_models_and_waits_for_a_recovering_controller(
         read()
 
 
-async def _until(condition: Callable[[], bool], guard_s: float = 30.0) -> None:
-    """Wait for ``condition`` rather than for a fixed time a busy machine may overrun;
-    ``guard_s`` only stops a hang."""
-
-    async def wait() -> None:
-        while not condition():
-            await asyncio.sleep(0.005)
-
-    await asyncio.wait_for(wait(), guard_s)
-
-
 def _polled_once(readiness: HeadReadiness) -> Callable[[], bool]:
     return lambda: readiness._last_refresh > 0
 
@@ -95,7 +85,7 @@ def _polled_once(readiness: HeadReadiness) -> Callable[[], bool]:
 async def _polled(states: dict[str, HeadState]) -> HeadReadiness:
     readiness = HeadReadiness(lambda: states, refresh_s=0.01, warming_retry_after_s=7)
     readiness.check("any")  # starts the poll
-    await _until(_polled_once(readiness))
+    await until(_polled_once(readiness))
     return readiness
 
 
@@ -133,7 +123,7 @@ async def test_a_sleeping_head_answers_warming_and_is_woken_once() -> None:
         waker=woken.append,
     )
     readiness.check("s")  # unknown yet: let through, starts the poll
-    await _until(_polled_once(readiness))
+    await until(_polled_once(readiness))
     for _ in range(2):
         with pytest.raises(ModelUnavailableError) as warming:
             readiness.check("s")
@@ -176,20 +166,19 @@ async def test_the_waker_keeps_one_wake_call_per_head_in_flight() -> None:
     waker("s")
     waker("s")
     waker("unknown")  # not a bound head: ignored
-    await asyncio.sleep(0.01)
-    assert len(handle.calls) == 1
+    await until(lambda: len(handle.calls) == 1)
+    assert set(waker._pending) == {"s"}
     handle.done.set()  # a replica is up and answered
-    await asyncio.sleep(0.01)
+    await until(waker._pending["s"].done)
     waker("s")  # asleep again later: a new call
-    await asyncio.sleep(0.01)
-    assert len(handle.calls) == 2
+    await until(lambda: len(handle.calls) == 2)
 
 
 async def test_a_wake_call_that_waits_too_long_is_cancelled() -> None:
     handle = _Handle()
     waker = HeadWaker({"s": handle}, bound_s=0.01)
     waker("s")
-    await _until(lambda: bool(handle.calls) and handle.calls[0].cancelled)
+    await until(lambda: bool(handle.calls) and handle.calls[0].cancelled)
 
 
 async def test_a_head_seen_answering_is_ready_before_the_next_poll_says_so() -> None:
@@ -201,7 +190,7 @@ async def test_a_head_seen_answering_is_ready_before_the_next_poll_says_so() -> 
 
     readiness = HeadReadiness(stale, refresh_s=0.01)
     readiness.check("s")
-    await _until(_polled_once(readiness))
+    await until(_polled_once(readiness))
     with pytest.raises(ModelUnavailableError):
         readiness.check("s")
     readiness.note_answering("s")
@@ -214,7 +203,7 @@ async def test_a_head_seen_answering_is_ready_before_the_next_poll_says_so() -> 
         later = [at for at in polls if at > answered]
         return len(later) >= 2 and readiness._last_refresh > later[1]
 
-    await _until(a_later_poll_finished)  # polls begun after the answer count again
+    await until(a_later_poll_finished)  # polls begun after the answer count again
     with pytest.raises(ModelUnavailableError):
         readiness.check("s")
 
@@ -223,15 +212,19 @@ async def test_a_poll_that_knows_nothing_keeps_the_last_states() -> None:
     from serve_app.inference.readiness import StatusUnknownError
 
     answers: list[dict[str, HeadState] | None] = [{"s": HeadState(READY)}]
+    reads: list[None] = []
 
-    def source() -> dict[str, HeadState]:
+    def counted() -> dict[str, HeadState]:
+        reads.append(None)
         if answers[-1] is None:
             raise StatusUnknownError("controller recovering")
         return answers[-1]
 
-    readiness = HeadReadiness(source, refresh_s=0.01)
+    readiness = HeadReadiness(counted, refresh_s=0.01)
     readiness.check("s")
-    await asyncio.sleep(0.05)
+    await until(_polled_once(readiness))
     answers.append(None)  # the controller restarts
-    await asyncio.sleep(0.05)
+    unknown_from = len(reads)
+    # The second read after it began after the first had ended: a whole poll knew nothing.
+    await until(lambda: len(reads) >= unknown_from + 2)
     readiness.check("s")  # still ready: no 503 for a head that never stopped

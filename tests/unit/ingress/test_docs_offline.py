@@ -56,6 +56,8 @@ async def test_the_new_routes_are_in_the_openapi_document(sync_gateway: GatewayH
         "/api/session",
         "/api/session/org",
         "/api/session/password",
+        "/api/session/oidc/start",
+        "/api/session/oidc/callback",
         "/api/keys",
         "/api/keys/{key_id}",
         "/api/orgs/current",

@@ -3,7 +3,6 @@ docs/reference/chat.md, docs/reference/common.md)."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import json
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from serve_app.settings import GatewaySettings
 from serve_app.storage.db import Database
 from tests.fixtures.gateway import GatewayHarness, HarnessFactory
 from tests.fixtures.limits import ManualClock, StoreFactory
+from tests.fixtures.waiting import until as wait_for_condition
 from tests.unit.ingress.leaving_client import stream_then_leave
 
 # "user: hello there\nassistant:" is 4 scripted tokens; max_tokens omitted -> 32
@@ -38,13 +38,14 @@ async def post(
 
 
 async def until(condition: Callable[[], bool]) -> None:
-    """Wait for in-process head generators to be finalised (Ray closes them at once)."""
-    for _ in range(100):
+    """Wait for in-process head generators to be finalised (Ray closes them at once):
+    collected on every look, under a hang guard rather than a 1 s budget."""
+
+    def collected() -> bool:
         gc.collect()
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
+        return condition()
+
+    await wait_for_condition(collected, every_s=0.01)
 
 
 async def ledger_records(harness: GatewayHarness, user: str) -> dict[str, UsageRecord]:

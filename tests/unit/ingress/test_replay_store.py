@@ -8,7 +8,7 @@ run, and what did each attempt get back".
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -70,16 +70,47 @@ async def test_a_released_claim_runs_again(stores: list[ReplayStore]) -> None:
     assert isinstance(second, Claimed) and second.token != first.token
 
 
+@pytest.fixture(params=["memory", "redis"])
+async def leased(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[tuple[list[ReplayStore], Callable[[float], Awaitable[None]]]]:
+    """Two stores sharing their slots, and how time passes for their leases.
+
+    In process the store's clock is the test's and moves at once. Redis expires keys on
+    its own clock: there the time passes as a real sleep, which only ever waits at least
+    as long as asked, so a slow machine can make a lease older but never younger than
+    the test says (every lease that must still hold is far longer than the sleeps).
+    """
+    if request.param == "memory":
+        clock = ManualClock(0.0)
+        one = InProcessReplayStore(clock=clock)
+
+        async def advance(seconds: float) -> None:
+            clock.advance(seconds)
+
+        yield [one, one], advance
+        await one.aclose()
+    else:
+        url = request.getfixturevalue("redis_url")
+        prefix = request.getfixturevalue("redis_prefix")
+        made = [RedisReplayStore.from_url(url, prefix=prefix) for _ in range(2)]
+        yield list[ReplayStore](made), asyncio.sleep
+        for store in made:
+            await store.aclose()
+
+
 async def test_a_claim_whose_holder_died_expires_with_its_lease(
-    stores: list[ReplayStore],
+    leased: tuple[list[ReplayStore], Callable[[float], Awaitable[None]]],
 ) -> None:
-    a, b = stores
-    first = await a.claim("s1", "fp", 0.2)
+    (a, b), time_passes = leased
+    # The first lease must still be running when it is renewed: 1 s for one round trip.
+    first = await a.claim("s1", "fp", 1.0)
     assert isinstance(first, Claimed)
-    await a.renew("s1", first.token, 0.5)
-    await asyncio.sleep(0.3)
+    await a.renew("s1", first.token, 60)
+    await time_passes(1.1)  # past the first lease
     assert isinstance(await b.claim("s1", "fp", 0.2), InFlight)  # renewed: still held
-    await asyncio.sleep(0.3)
+    await a.renew("s1", first.token, 0.1)  # the holder's last renewal; then it dies
+    await time_passes(0.2)
     assert isinstance(await b.claim("s1", "fp", 30), Claimed)  # not renewed: free again
     await a.complete("s1", first.token, ANSWER, 60)  # too late: the slot is someone else's
     assert isinstance(await b.claim("s1", "fp", 30), InFlight)

@@ -16,6 +16,7 @@ from serve_app.limits.buckets import BucketSpec, Denial, Ticket
 from serve_app.limits.redis_store import RedisCounterStore
 from tests.fixtures.gateway import build_harness, chat_burst, start_heads
 from tests.fixtures.limits import StoreFactory
+from tests.fixtures.waiting import GUARD_S
 
 REPLICAS = 4
 
@@ -33,17 +34,22 @@ async def test_four_replicas_admit_no_more_than_n_per_minute(
 async def test_four_replicas_hold_the_limit_in_every_sliding_window(
     make_redis_store: StoreFactory,
 ) -> None:
-    """Under steady load the limit is reached, and never exceeded, in any window."""
+    """Under steady load the limit is reached, and never exceeded, in any window.
+
+    The load runs until three windows' worth was admitted (Redis's clock says when a
+    window ends), not for a fixed 3.2 s a slow machine might spend on fewer attempts.
+    """
     window_ms, limit = 1000, 10
     replicas = [make_redis_store(window_s=window_ms / 1000) for _ in range(REPLICAS)]
     bucket = BucketSpec("requests", "{u:u1}:rpm:user", limit, "user")
     admitted_at: list[int] = []
-    deadline = time.monotonic() + 3.2
+    guard = time.monotonic() + GUARD_S
 
     async def caller(replica: int, n: int) -> None:
         rng = random.Random(replica * 100 + n)
         i = 0
-        while time.monotonic() < deadline:
+        while len(admitted_at) < 3 * limit:
+            assert time.monotonic() < guard, f"{len(admitted_at)} admitted (hang guard)"
             i += 1
             outcome = await replicas[replica].admit(f"{replica}-{n}-{i}", [bucket], 0)
             if isinstance(outcome, Ticket):
@@ -54,7 +60,6 @@ async def test_four_replicas_hold_the_limit_in_every_sliding_window(
     admitted_at.sort()
     busiest = max(sum(1 for u in admitted_at if t - window_ms < u <= t) for t in admitted_at)
     assert busiest == limit
-    assert len(admitted_at) >= 3 * limit
 
 
 async def test_fifty_callers_on_four_replicas_share_one_token_quota(

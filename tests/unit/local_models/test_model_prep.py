@@ -13,7 +13,6 @@ from pydantic import ValidationError
 
 from deployments import registry
 from deployments.chat.base import TextEngine
-from deployments.chat.factory import build_text_engine, register_text_backend
 from deployments.chat.vllm_config import CPU_DEFAULT_KV_CACHE_BYTES, VLLMEngineConfig
 from deployments.chat.vllm_engine import VLLMEngine
 from deployments.local_models.model_prep import (
@@ -185,8 +184,8 @@ def test_corrupt_marker_means_not_prepared(tmp_path: Path) -> None:
 
 
 def test_factory_resolves_prepared_models_and_keeps_a_served_name(smollm2_dir: Path) -> None:
-    engine = build_text_engine(
-        "vllm", {"model": "prepared:smollm2-135m-instruct", "max_model_len": 2048}
+    engine = registry.build_engine(
+        "chat", "vllm", {"model": "prepared:smollm2-135m-instruct", "max_model_len": 2048}
     )
     assert isinstance(engine, VLLMEngine)
     assert Path(engine.config.model).samefile(smollm2_dir)
@@ -195,9 +194,9 @@ def test_factory_resolves_prepared_models_and_keeps_a_served_name(smollm2_dir: P
 
 def test_factory_rejects_unknown_backends_and_bad_settings() -> None:
     with pytest.raises(ValueError, match=r"'nope' is not a chat engine backend; known: vllm"):
-        build_text_engine("nope", {})
+        registry.build_engine("chat", "nope", {})
     with pytest.raises(ValidationError, match="max_num_seq"):
-        build_text_engine("vllm", {"model": "/m", "max_num_seq": 2})
+        registry.build_engine("chat", "vllm", {"model": "/m", "max_num_seq": 2})
 
 
 def test_registered_backends_are_built_by_name() -> None:
@@ -207,9 +206,9 @@ def test_registered_backends_are_built_by_name() -> None:
         made.append(config)
         return VLLMEngine(VLLMEngineConfig(model="/unused"))
 
-    register_text_backend("test-only", builder)
+    registry.register("chat", "test-only", builder)
     try:
-        build_text_engine("test-only", {"x": 1})
+        registry.build_engine("chat", "test-only", {"x": 1})
     finally:
         registry.unregister("chat", "test-only")
     assert made == [{"x": 1}]

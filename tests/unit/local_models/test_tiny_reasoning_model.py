@@ -229,11 +229,11 @@ def _catalog_engine_config() -> dict[str, Any]:
 async def engine(built: Path) -> AsyncIterator[Any]:
     """The catalog's own engine config, on the folder built above."""
     pytest.importorskip("vllm")
-    from deployments.chat.factory import build_text_engine
+    from deployments import registry
 
     config = _catalog_engine_config()
     assert config["model"] == REFERENCE and config["reasoning_parser"] == "qwen3"
-    engine = build_text_engine("vllm", {**config, "model": str(built)})
+    engine = registry.build_engine("chat", "vllm", {**config, "model": str(built)})
     started = time.monotonic()
     await engine.start()
     print(f"\nvLLM up in {time.monotonic() - started:.1f} s")

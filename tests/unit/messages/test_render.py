@@ -9,6 +9,7 @@ from typing import Any
 
 from serve_app.inference.messages.render import StreamRenderer, message_body, split_stop
 from serve_app.inference.messages.service import anthropic_frames
+from tests.fixtures.waiting import until
 from tests.unit.messages.helpers import named_events
 
 
@@ -111,14 +112,22 @@ async def test_blocks_switch_from_thinking_to_text_to_tools_with_usage() -> None
 
 
 async def test_pings_while_the_chat_stream_is_silent() -> None:
-    items: list[bytes | float] = [
-        _chunk({"role": "assistant", "content": ""}),
-        0.25,
-        _chunk({"content": "late"}, finish="stop"),
-        b"data: [DONE]\n\n",
-    ]
-    events = await _render(items, ping=0.05)
-    names = [n for n, _ in events]
+    """The chat stream stays silent until two pings beyond the first went out: the pings
+    are waited for, not expected within a fixed silence a busy machine may overrun."""
+    sent: list[bytes] = []
+
+    def pings() -> int:
+        return sum(frame.count(b"event: ping\n") for frame in sent)
+
+    async def silent_then_late() -> AsyncIterator[bytes]:
+        yield _chunk({"role": "assistant", "content": ""})
+        await until(lambda: pings() >= 3)
+        yield _chunk({"content": "late"}, finish="stop")
+        yield b"data: [DONE]\n\n"
+
+    async for frame in anthropic_frames(silent_then_late(), StreamRenderer("m", []), 0.05):
+        sent.append(frame)
+    names = [n for n, _ in named_events(b"".join(sent).decode())]
     assert names[:2] == ["message_start", "ping"]
     waiting = names[2 : names.index("content_block_start")]
     assert len(waiting) >= 2 and set(waiting) == {"ping"}

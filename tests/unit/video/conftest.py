@@ -99,7 +99,8 @@ RigFactory = Callable[..., Awaitable[VideoRig]]
 
 @pytest.fixture
 async def make_video_rig(tmp_path: Path) -> AsyncIterator[RigFactory]:
-    """``await make_video_rig(engine=..., objects=..., video=..., run_worker=...)``."""
+    """``await make_video_rig(engine=..., objects=..., video=..., run_worker=...)``;
+    ``args``: more of the gateway's application args (``storage_quota``, ...)."""
     made: list[VideoRig] = []
 
     async def make(
@@ -110,6 +111,7 @@ async def make_video_rig(tmp_path: Path) -> AsyncIterator[RigFactory]:
         run_worker: bool = False,
         folder: Path | None = None,
         with_head: bool = True,
+        args: dict[str, Any] | None = None,
     ) -> VideoRig:
         folder = folder or tmp_path / f"gw{len(made)}"
         folder.mkdir(exist_ok=True)
@@ -127,7 +129,7 @@ async def make_video_rig(tmp_path: Path) -> AsyncIterator[RigFactory]:
         )
         harness = build_harness(
             db_path,
-            {"catalog": [*CATALOG, *video_catalog()], "video": options},
+            {"catalog": [*CATALOG, *video_catalog()], "video": options, **(args or {})},
             video_heads={VIDEO: LocalVideoClient(core)} if with_head else {},
             objects=store,
         )

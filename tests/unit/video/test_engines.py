@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import yaml
 
+from deployments import registry
 from deployments.local_models.tiny_video_model import ensure_tiny_wan
 from deployments.video.base import GenerationCancelled, VideoEngine, resolve_params
 from deployments.video.diffusers_engine import DiffusersVideoConfig, LtxVideoConfig
-from deployments.video.factory import build_video_engine
 from deployments.video.mp4 import encode_mp4
 from serve_app.catalog.config import CatalogModel
 from serve_app.config import REPO_ROOT
@@ -33,7 +33,7 @@ def _wan(models_dir: Path) -> VideoEngine:
             "num_inference_steps": 2,
         },
     }
-    return build_video_engine("wan", config)
+    return registry.build_engine("video", "wan", config)
 
 
 async def test_a_job_on_the_tiny_wan_pipeline_yields_an_h264_mp4(
@@ -74,7 +74,8 @@ async def test_the_ltx_backend_runs_its_pipeline_on_a_tiny_ltx_model(
     make_video_rig: RigFactory, tiny_video_models: Path
 ) -> None:
     """The GPU backend's code (LTXPipeline, frame_rate, decode timestep) on CPU weights."""
-    engine = build_video_engine(
+    engine = registry.build_engine(
+        "video",
         "ltx",
         {
             "model": "tiny:ltx",

@@ -1,9 +1,11 @@
-"""Limits, usage records and metrics for routes billed per unit (audio seconds, images).
+"""Limits, usage records and metrics for requests answered by one head call (or one job).
 
-Audio and document requests share the text routes' limiter, ledger and
-metrics (one ``Metering`` per replica) but are shaped differently: the cost is
-known, or bounded, before the head runs, and the billable quantity is a unit —
-seconds of audio (``per_audio_second``) or processed images (``per_image``).
+Audio, document, embeddings and video requests share the chat routes' limiter, ledger
+and metrics (one ``Metering`` per replica) but are shaped differently: the cost is
+known, or bounded, before the head runs, so admission happens once before the call and
+one record is written after it, whatever it is priced by: seconds of audio
+(``per_audio_second``), processed images (``per_image``), seconds of video or the
+input tokens of an embeddings call.
 For audio, token counts are estimated from the text (docs/reference/audio.md: "metering is
 estimated from the text"), so per-minute token limits and the daily quota count
 audio requests too.
@@ -30,7 +32,7 @@ def estimate_tokens(text: str) -> int:
     return math.ceil(len(text) / CHARS_PER_TOKEN) if text else 0
 
 
-class UnitMetering:
+class UnaryMetering:
     """Admission before the head is called; one record and settlement after."""
 
     def __init__(self, metering: Metering) -> None:

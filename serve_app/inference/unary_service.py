@@ -1,12 +1,14 @@
-"""What the routes billed per unit share: the head lookup and one metered head call.
+"""What the services of unary heads share: the head lookup and one metered head call.
 
-Speech, transcription, detect and parse each make one head call with a known
-(or bounded) cost, so they share the same steps after their own request rules:
-the model must have a head and it must be ready (503), then limits are admitted
-(429), the head is called within the route's timeout (504), its ``HeadFailure``
-becomes the error it carries, and exactly one usage record is written (or the
-reservation released, when the call failed). ``AudioService`` and
-``DocumentService`` add only their rules and answers.
+Speech, transcription, detect, parse and the pooling heads (embeddings, scores) each
+answer a request with one head call (no stream) whose cost is known or bounded before
+it, whether the record is priced per unit (seconds of audio, images) or per token
+(embeddings). So they share the same steps after their own request rules: the model
+must have a head and it must be ready (503), then limits are admitted (429), the head
+is called within the route's timeout (504), its ``HeadFailure`` becomes the error it
+carries, and exactly one usage record is written (or the reservation released, when
+the call failed). ``AudioService``, ``DocumentService`` and ``EmbeddingService`` add
+only their rules and answers.
 """
 
 from __future__ import annotations
@@ -21,22 +23,23 @@ from serve_app.catalog.config import CatalogModel
 from serve_app.contract.errors import HeadFailure
 from serve_app.inference.metering import Metering, RequestMeta
 from serve_app.inference.readiness import HeadReadiness
-from serve_app.inference.unit_metering import UnitMetering
+from serve_app.inference.unary_metering import UnaryMetering
 from serve_app.protocol.errors import ModelUnavailableError, UpstreamTimeoutError
 
 Client = TypeVar("Client")
 Result = TypeVar("Result")
 
 
-class UnitHeadService:
-    """Base of the per-unit services: catalog, readiness and metering of one replica."""
+class UnaryHeadService:
+    """Base of the services that make one head call per request: catalog, readiness
+    and metering of one replica."""
 
     def __init__(
         self, catalog: Catalog, readiness: HeadReadiness, metering: Metering | None
     ) -> None:
         self.catalog = catalog
         self.readiness = readiness
-        self.usage = UnitMetering(metering or Metering())
+        self.usage = UnaryMetering(metering or Metering())
 
     def _ready(self, heads: Mapping[str, Client], model: CatalogModel) -> Client:
         """The model's head client; 503 when it has none or its head is still warming."""

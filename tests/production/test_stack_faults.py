@@ -1,0 +1,193 @@
+"""Faults on the production stack while a 200-line batch (and live traffic) runs: nothing
+lost, nothing run into the output or billed twice, and the limits fail the documented way.
+
+Run after test_stack_e2e.py on the same stack; each test leaves it serving again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from tests.production.batches import (
+    LINES,
+    ClaimWatch,
+    embedding_lines,
+    line_states,
+    output_lines,
+    settle_ledger,
+    submit,
+    wait_both_workers,
+    wait_terminal,
+)
+from tests.production.stack import (
+    EMBED,
+    GATEWAY_TITLE,
+    ProductionStack,
+    process_title,
+    replica,
+    wait_for,
+    worker_pid,
+)
+
+pytestmark = [pytest.mark.production, pytest.mark.fault]
+
+REDIS_DOWN_S = 20.0
+
+
+def _ended_whole(stack: ProductionStack, key: str, batch: dict[str, object], tag: str) -> None:
+    """A completed batch: every line once in the output, one ledger row per line."""
+    assert batch["status"] == "completed", batch
+    assert batch["request_counts"] == {"total": LINES, "completed": LINES, "failed": 0}
+    batch_id = str(batch["id"])
+    lines = line_states(stack, batch_id)
+    assert all(r.status == "succeeded" and r.has_result for r in lines)
+    settle_ledger(stack, batch_id, LINES)
+    outputs = output_lines(stack, key, batch["output_file_id"])  # type: ignore[arg-type]
+    assert sorted(o["custom_id"] for o in outputs) == sorted(f"{tag}-{i}" for i in range(LINES))
+
+
+def test_a_gateway_replica_killed_while_running_lines_loses_and_doubles_nothing(
+    prod_stack: ProductionStack,
+) -> None:
+    key = prod_stack.key("kill-user")
+    batch_id = submit(prod_stack, key, embedding_lines(LINES, "kill"))
+    with ClaimWatch(prod_stack, batch_id) as watch:
+        wait_both_workers(watch)
+        victim = wait_for("a worker holding a running line", watch.running_owner, 30.0, 0.02)
+        pid = worker_pid(victim)
+        assert GATEWAY_TITLE in process_title(pid), (pid, process_title(pid))
+        os.kill(pid, signal.SIGKILL)  # no stop hook runs: its lines keep their leases
+        # What the dead worker held (nobody takes it before its lease passes, 15 s).
+        held = {
+            r.line
+            for r in prod_stack.rows(
+                "SELECT line FROM batch_lines WHERE batch_id = :b AND lease_owner = :w",
+                b=batch_id,
+                w=victim,
+            )
+        }
+        done_at_kill = watch.done_lines
+        batch = wait_terminal(prod_stack, key, batch_id)
+    assert done_at_kill < LINES, "the batch ended before the kill"
+    _ended_whole(prod_stack, key, batch, "kill")
+    lines = {r.line: r for r in line_states(prod_stack, batch_id)}
+    # The killed worker's lines were claimed again after their lease (at most one more
+    # attempt each); every other line ran once.
+    retried = {n for n, r in lines.items() if r.attempts > 1}
+    assert retried <= held, (retried, held)
+    assert all(r.attempts <= 2 for r in lines.values())
+    # Serve replaced the replica: two replicas answer again.
+    seen: set[str] = set()
+
+    def two_replicas() -> bool:
+        try:
+            with prod_stack.http() as http:
+                resp = http.post("/v1/embeddings", json={"model": EMBED, "input": "x"})
+        except httpx.HTTPError:  # the proxy still routing to the dead replica
+            return False
+        if resp.status_code == 200:
+            seen.add(replica(resp))
+        return len(seen) >= 2
+
+    wait_for("two gateway replicas answering again", two_replicas, 180.0, 0.2)
+
+
+def test_a_batch_cancelled_while_lines_run_stops_and_bills_what_ran(
+    prod_stack: ProductionStack,
+) -> None:
+    key = prod_stack.key("cancel-user")
+    batch_id = submit(prod_stack, key, embedding_lines(LINES, "cancel"))
+    with ClaimWatch(prod_stack, batch_id) as watch:
+        wait_both_workers(watch)
+        with prod_stack.http(key) as http:
+            resp = http.post(f"/v1/batches/{batch_id}/cancel")
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["status"] in ("cancelling", "cancelled"), resp.text
+        batch = wait_terminal(prod_stack, key, batch_id)
+    assert batch["status"] == "cancelled", batch
+    lines = line_states(prod_stack, batch_id)
+    ran = [r for r in lines if r.attempts > 0]
+    never = [r for r in lines if r.attempts == 0]
+    assert 0 < len(ran) < LINES, len(ran)
+    # A line that started ended with its result; the rest never started.
+    assert all(r.status == "succeeded" and r.has_result for r in ran)
+    assert all(not r.has_result for r in never)
+    # Counts are of the lines that ran (the worker's finish: a cancel fails none of them);
+    # the never-run ones are in the error file below.
+    counts = batch["request_counts"]
+    assert counts == {"total": LINES, "completed": len(ran), "failed": 0}, counts
+    ledger = settle_ledger(prod_stack, batch_id, len(ran))
+    outputs = output_lines(prod_stack, key, batch["output_file_id"])
+    assert sorted(o["custom_id"] for o in outputs) == sorted(r.custom_id for r in ran)
+    assert {o["id"] for o in outputs} == {row.request_id for row in ledger}
+    errors = output_lines(prod_stack, key, batch["error_file_id"])
+    assert sorted(e["custom_id"] for e in errors) == sorted(r.custom_id for r in never)
+    assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+
+
+def test_redis_down_for_20_s_fails_closed_and_the_quota_is_rebuilt(
+    prod_stack: ProductionStack,
+) -> None:
+    with prod_stack.http() as http:
+        probe = http.post("/v1/embeddings", json={"model": EMBED, "input": "quota text"})
+    per_request = probe.json()["usage"]["prompt_tokens"]
+    quota = 8 * per_request
+    key = prod_stack.key("redis-user", daily_tokens=quota)
+    body = {"model": EMBED, "input": "quota text"}
+    with prod_stack.http(key) as http:
+        for _ in range(3):
+            assert http.post("/v1/embeddings", json=body).status_code == 200
+        user_id = prod_stack.accounts.get_user("redis-user").id  # type: ignore[union-attr]
+        wait_for(
+            "the 3 requests in the ledger",
+            lambda: (
+                prod_stack.scalar(
+                    "SELECT count(*) FROM usage_records WHERE user_id = :u", u=user_id
+                )
+                == 3
+            ),
+            30.0,
+        )
+        # Load beside the live calls: a batch of another user (no limit applies to its
+        # lines, so they need no counter; they still read the accounts generation).
+        batch_key = prod_stack.key("redis-batch-user")
+        batch_id = submit(prod_stack, batch_key, embedding_lines(LINES, "redis"))
+        prod_stack.redis.stop()
+        stopped = time.monotonic()
+        seen: set[str] = set()
+        try:
+            # production: limits fail closed, on every replica, as 503 with Retry-After.
+            while time.monotonic() - stopped < REDIS_DOWN_S:
+                resp = http.post("/v1/embeddings", json=body)
+                assert resp.status_code == 503, resp.text
+                assert resp.headers.get("retry-after"), resp.headers
+                seen.add(replica(resp))
+                time.sleep(0.5)
+        finally:
+            prod_stack.redis.start()  # empty: the counters are gone
+        assert len(seen) == 2, seen
+        # The daily counter is rebuilt from the ledger: 3 spent, 5 left, then refused.
+        admitted = 0
+        for _ in range(20):
+            resp = http.post("/v1/embeddings", json=body)
+            if resp.status_code == 429:
+                assert resp.json()["error"]["code"] == "insufficient_quota", resp.text
+                break
+            assert resp.status_code == 200, resp.text
+            admitted += 1
+    assert admitted == 5
+    _ended_whole(prod_stack, batch_key, wait_terminal(prod_stack, batch_key, batch_id), "redis")
+    # Nothing refused during the outage was billed.
+    wait_for(
+        "8 requests in the ledger",
+        lambda: (
+            prod_stack.scalar("SELECT count(*) FROM usage_records WHERE user_id = :u", u=user_id)
+            == 8
+        ),
+        30.0,
+    )
