@@ -145,7 +145,7 @@ def adapter_head_application(model: CatalogModel) -> Application | None:
         "health_check_timeout_s": spec.health_check_timeout_s,
         "autoscaling_config": with_sleep_policy(ADAPTER_HEAD_AUTOSCALING),
     }
-    return ChatHead.options(**options).bind(  # type: ignore[attr-defined]
+    return HEAD_DEPLOYMENTS["chat"].options(**options).bind(
         model.id,
         model.engine.backend,
         model.engine.config,
