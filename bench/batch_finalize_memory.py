@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _interrupt)
-    from deployments.models.resolve import resolve_model
+    from deployments.local_models.resolve import resolve_model
 
     started = time.strftime("%Y-%m-%dT%H-%M-%S")
     model_path = Path(resolve_model(SOURCE))

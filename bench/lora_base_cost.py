@@ -111,7 +111,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
-    from deployments.models.prepared_models import ensure_model
+    from deployments.local_models.prepared_models import ensure_model
 
     model_path = ensure_model(MODEL)
     work = Path(tempfile.mkdtemp(prefix="lora-base-"))

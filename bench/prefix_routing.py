@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGALRM, _stop)
     signal.alarm(args.timeout_s)
-    from deployments.models.prepared_models import ensure_model
+    from deployments.local_models.prepared_models import ensure_model
 
     started = time.strftime("%Y-%m-%dT%H-%M")
     model_path = ensure_model(MODEL)

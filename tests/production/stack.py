@@ -200,7 +200,7 @@ def stack_env(
     database_url: str, redis_url: str, s3: MotoS3, state: Path, mark: str
 ) -> dict[str, str]:
     """The gateway's environment: what configs/production-local.yaml's header lists."""
-    from deployments.models.prepared_models import prepare_in_child
+    from deployments.local_models.prepared_models import prepare_in_child
 
     models = prepare_in_child(CHAT).parent  # converted once per machine, shared with tests/serve
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "RAY_"))}
