@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-cpu
 GATEWAY_PORT ?= 8000
 CONFIG ?= configs/local.yaml
 
-.PHONY: install run test lint typecheck pytest unit serve-tests bench bench-compare bench-vllm bench-embeddings key \
+.PHONY: install run test lint typecheck pytest unit serve-tests production-tests bench bench-compare bench-vllm bench-embeddings key \
 	clean
 
 install: $(STAMP)
@@ -56,16 +56,19 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-# Three processes: the unit run imports torch, transformers and vLLM (~3 GiB that the pytest
-# process keeps), which the end-to-end runs' stacks would otherwise sit beside; the
-# production-shaped stack (tests/production: 2 gateway replicas on PostgreSQL and Redis)
-# runs after the shared Serve instance of tests/serve is gone.
+# Two processes: the unit run imports torch, transformers and vLLM (~3 GiB that the pytest
+# process keeps), which the end-to-end run's Serve stack would otherwise sit beside.
+# The production-shaped stack (tests/production: 2 gateway replicas on PostgreSQL and Redis)
+# is `make production-tests`, not yet part of `make test`: it has not had a whole run on
+# these machines, and CI has ~7 of its 70 minutes left (docs/deployment.md).
 # The skip budget (tests/fixtures/skip_budget.py): every skip is printed, and one outside
 # tests/skip_allowlist.txt fails the run.
 SKIP_BUDGET := --skip-allowlist=tests/skip_allowlist.txt
 pytest: install
 	$(BIN)/python -m pytest -q $(SKIP_BUDGET) --ignore=tests/serve --ignore=tests/production
 	$(BIN)/python -m pytest -q $(SKIP_BUDGET) tests/serve
+
+production-tests: install
 	$(BIN)/python -m pytest -q $(SKIP_BUDGET) tests/production
 
 test: lint typecheck pytest
