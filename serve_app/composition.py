@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -497,6 +497,17 @@ def budget_keeper(
     )
 
 
+def bound_deployments(config: GatewayAppArgs, handles: Mapping[str, Any]) -> dict[str, str]:
+    """Head id -> Serve deployment name of the heads bound here: a model's own head, and its
+    adapter head where it has one."""
+    return {
+        head: name
+        for m in config.catalog
+        for head, name in m.head_deployments().items()
+        if head in handles
+    }
+
+
 async def build_replica(
     args: dict[str, Any], handles: dict[str, Any], tool_runner: Any, app_name: str
 ) -> tuple[GatewayAppArgs, GatewayState]:
@@ -511,12 +522,7 @@ async def build_replica(
     clients = ray_head_clients(config.catalog, handles)
     chat: dict[str, HeadClient] = dict(clients.chat)
     chat.update({m.id: ExternalHeadClient(m) for m in config.catalog if m.is_external})
-    deployments = {  # head id -> deployment: a model's own head, and its adapter head
-        head: name
-        for m in config.catalog
-        for head, name in m.head_deployments().items()
-        if head in handles
-    }
+    deployments = bound_deployments(config, handles)
     settings = get_settings()
     if config.deployment_mode == "production":  # each replica's own environment counts
         require_production_ready(settings, stand_in_refusals(config.catalog))
