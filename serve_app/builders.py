@@ -145,7 +145,8 @@ def adapter_head_application(model: CatalogModel) -> Application | None:
         "health_check_timeout_s": spec.health_check_timeout_s,
         "autoscaling_config": with_sleep_policy(ADAPTER_HEAD_AUTOSCALING),
     }
-    return HEAD_DEPLOYMENTS["chat"].options(**options).bind(
+    chat_head = HEAD_DEPLOYMENTS["chat"].options(**options)
+    return chat_head.bind(
         model.id,
         model.engine.backend,
         model.engine.config,
