@@ -115,8 +115,7 @@ class GatewaySettings(BaseSettings):
         default=None,
         gt=0,
         description="GiB the catalog's heads may hold awake at once (`8G`, `12GiB`, `8192M` "
-        "or a number of GiB); unset: half the machine's memory less STACK_RESERVE_GIB for "
-        "the rest of the stack. Waking a head past it first "
+        "or a number of GiB); unset: half the machine's memory. Waking a head past it first "
         "puts the least recently used idle heads to sleep (docs/deployment.md, 'Memory budget').",
     )
 
@@ -126,12 +125,10 @@ class GatewaySettings(BaseSettings):
         return parse_gib(value) if isinstance(value, str) else value
 
     def resolved_memory_budget_gib(self) -> float:
-        """The heads' budget in GiB: the setting, else half of this machine's memory less
-        what the rest of the stack holds (``STACK_RESERVE_GIB``): the budget counts heads
-        only, and half the machine is what the whole stack should stay under."""
+        """The heads' budget in GiB: the setting, else half of this machine's memory."""
         if self.memory_budget is not None:
             return self.memory_budget
-        return default_memory_budget_gib()
+        return machine_memory_gib() / 2
 
     def resolved_models_dir(self) -> Path:
         """Where prepared and locally built models are cached (heads find the same folder
@@ -163,20 +160,6 @@ def parse_gib(text: str) -> float:
     if unit not in _UNITS or not number:
         raise ValueError(f"not a memory size: {text!r} (write e.g. 8G, 12GiB or 8192M)")
     return float(number) * _UNITS[unit]
-
-
-STACK_RESERVE_GIB = 1.5
-"""What the stack holds beside the heads: Ray's daemons, proxy and controller, the gateway
-replica, the tool runner and `gateway run` (1.2 GiB measured, docs/deployment.md, "Memory
-budget"), and a little for a model prepared in the background. Without it the default
-budget let the every-route run's stack reach 12.5 GiB PSS on a 24 GiB machine (issue 44)."""
-
-
-def default_memory_budget_gib() -> float:
-    """``GATEWAY_MEMORY_BUDGET`` when unset: half this machine less ``STACK_RESERVE_GIB``
-    (at least a quarter of the machine)."""
-    half = machine_memory_gib() / 2
-    return max(half - STACK_RESERVE_GIB, half / 2)
 
 
 def machine_memory_gib() -> float:

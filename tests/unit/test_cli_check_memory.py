@@ -8,13 +8,7 @@ import pytest
 
 from serve_app.catalog.config import CatalogModel
 from serve_app.cli.check.memory import check_memory, memory_summary
-from serve_app.settings import (
-    STACK_RESERVE_GIB,
-    GatewaySettings,
-    default_memory_budget_gib,
-    machine_memory_gib,
-    parse_gib,
-)
+from serve_app.settings import GatewaySettings, machine_memory_gib, parse_gib
 
 SLEEPS = {"num_replicas": None, "autoscaling_config": {"min_replicas": 0, "max_replicas": 1}}
 
@@ -93,9 +87,7 @@ def test_budget_sizes(text: str, gib: float) -> None:
 
 def test_budget_defaults_to_half_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GATEWAY_MEMORY_BUDGET", raising=False)
-    assert GatewaySettings().resolved_memory_budget_gib() == default_memory_budget_gib()
-    # half the machine less the rest of the stack: 24 GiB leaves the heads 10.5
-    assert default_memory_budget_gib() == machine_memory_gib() / 2 - STACK_RESERVE_GIB
+    assert GatewaySettings().resolved_memory_budget_gib() == machine_memory_gib() / 2
     monkeypatch.setenv("GATEWAY_MEMORY_BUDGET", "8G")
     assert GatewaySettings().resolved_memory_budget_gib() == 8.0
 
