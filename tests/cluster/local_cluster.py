@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from serve_app.config import REPO_ROOT
+from tests.fixtures.processes import pids_with_environ
 
 OBJECT_STORE_BYTES = 128 * 1024 * 1024
 """Small stores: the test moves no objects, and /dev/shm is shared with other tests."""
@@ -218,15 +219,7 @@ class LocalCluster:
     def stragglers(self) -> list[int]:
         """Live processes this cluster started, wherever they are (its token is in their
         environment; process titles are rewritten by Ray, environments are not)."""
-        marker = f"RAY_AUTH_TOKEN={self.env['RAY_AUTH_TOKEN']}".encode()
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            with contextlib.suppress(OSError):
-                if marker in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-        return found
+        return pids_with_environ(f"RAY_AUTH_TOKEN={self.env['RAY_AUTH_TOKEN']}")
 
     def close(self) -> list[int]:
         """End every node group, then any process of this cluster still running (a

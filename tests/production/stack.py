@@ -33,6 +33,7 @@ from serve_app.config import REPO_ROOT
 from serve_app.ingress.replica_header import REPLICA_HEADER
 from serve_app.storage.db import Database
 from tests.faults.services import RedisServer, free_port
+from tests.fixtures.processes import pids_with_environ
 
 CONFIG = REPO_ROOT / "configs" / "production-local.yaml"
 CHAT = "smollm2-135m-instruct"
@@ -164,15 +165,7 @@ class ProductionStack:
     def stragglers(self) -> list[int]:
         """Live processes carrying this stack's mark (Ray workers re-title themselves;
         their environment keeps the mark)."""
-        marker = f"{STACK_MARK}={self.mark}".encode()
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            with contextlib.suppress(OSError):
-                if marker in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-        return found
+        return pids_with_environ(f"{STACK_MARK}={self.mark}")
 
     def gateway_pids(self) -> list[int]:
         return [p for p in self.stragglers() if GATEWAY_TITLE in process_title(p)]
