@@ -24,6 +24,7 @@ from typing import Any
 
 from serve_app.background import PeriodicLoop
 from serve_app.heads.serve_state import serve_details, serve_name
+from serve_app.inference.wake_times import WakeTimes
 from serve_app.protocol.errors import ModelUnavailableError, model_warming
 
 logger = logging.getLogger(__name__)
@@ -103,13 +104,16 @@ class HeadReadiness:
         warming_retry_after_s: int = 10,
         waker: Waker | None = None,
         on_use: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``on_use``: told of every accepted call (the memory budget's last-use order)."""
+        """``on_use``: told of every accepted call (the memory budget's last-use order).
+        ``warming_retry_after_s``: ``Retry-After`` for a head this replica has not yet seen
+        wake; later ones say what is left of its last wake (``WakeTimes``)."""
         self._source = source
         self._waker = waker
         self._on_use = on_use
         self._refresh_s = refresh_s
-        self._retry_after = warming_retry_after_s
+        self._wakes = WakeTimes(warming_retry_after_s, clock)
         self._states: dict[str, HeadState] = {}
         self._loop = PeriodicLoop(
             self._poll,
@@ -127,6 +131,7 @@ class HeadReadiness:
         """A call to ``model_id``'s head was just accepted: it is up, whatever polls said."""
         now = time.monotonic()
         self._answering[model_id] = now
+        self._wakes.ended(model_id)
         if self._on_use is not None:
             self._on_use(model_id)
         if model_id in self._states and self._states[model_id].state != READY:
@@ -144,9 +149,10 @@ class HeadReadiness:
             if self._waker is None:
                 return  # nothing to wake it with: the call itself boots a replica
             self._waker(model_id)
-            raise model_warming(model_id, self._retry_after)
+            self._wakes.began(model_id)
+            raise model_warming(model_id, self._wakes.retry_after_s(model_id))
         if state.state == WARMING:
-            raise model_warming(model_id, self._retry_after)
+            raise model_warming(model_id, self._wakes.retry_after_s(model_id))
         raise ModelUnavailableError(
             f"Model '{model_id}' is unavailable ({state.detail or 'no healthy replica'})."
         )
@@ -164,6 +170,7 @@ class HeadReadiness:
                 if at > began and model_id in states:  # seen answering after the poll began
                     states[model_id] = HeadState(READY)
             _log_changes(self._states, states)
+            self._time_wakes(self._states, states)
             self._states = states
             self._last_refresh = time.monotonic()
         except StatusUnknownError as err:
@@ -175,6 +182,18 @@ class HeadReadiness:
         except Exception:  # keep serving on the last known states
             logger.warning("could not read Serve status", exc_info=True)
         return True
+
+    def _time_wakes(self, before: dict[str, HeadState], after: dict[str, HeadState]) -> None:
+        """A head seen going from asleep to starting began a wake (another replica's call may
+        have woken it); one seen answering ended it; one that failed timed nothing."""
+        for model_id, state in after.items():
+            old = before.get(model_id)
+            if state.state == WARMING and old is not None and old.state == ASLEEP:
+                self._wakes.began(model_id)
+            elif state.state == READY:
+                self._wakes.ended(model_id)
+            elif state.state == FAILED:
+                self._wakes.forget(model_id)
 
 
 _WORDS = {READY: "awake", ASLEEP: "asleep", WARMING: "waking", FAILED: "failed"}

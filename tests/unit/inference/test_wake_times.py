@@ -1,0 +1,135 @@
+"""``Retry-After`` on ``model_warming`` says what is left of the head's last wake
+(serve_app/inference/wake_times.py), on an injected clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from serve_app.inference.readiness import ASLEEP, READY, WARMING, HeadReadiness, HeadState
+from serve_app.inference.wake_times import MARGIN, OVERDUE_S, WakeTimes
+from serve_app.protocol.errors import ModelUnavailableError
+from tests.fixtures.waiting import until
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_head_never_seen_waking_gets_the_default() -> None:
+    wakes = WakeTimes(10, Clock())
+    assert wakes.retry_after_s("m") == 10
+    wakes.began("m")
+    assert wakes.retry_after_s("m") == 10
+    assert wakes.expected_s("m") is None
+
+
+def test_later_wakes_get_what_is_left_of_the_last_one() -> None:
+    clock = Clock()
+    wakes = WakeTimes(10, clock)
+    wakes.began("m")
+    clock.now += 50
+    wakes.ended("m")
+    assert wakes.expected_s("m") == 50
+    clock.now += 600  # asleep again, then called
+    wakes.began("m")
+    assert wakes.retry_after_s("m") == round(50 * MARGIN)
+    clock.now += 30
+    assert wakes.retry_after_s("m") == round(50 * MARGIN) - 30
+    wakes.began("m")  # a second sign of the same wake does not restart it
+    assert wakes.retry_after_s("m") == round(50 * MARGIN) - 30
+    clock.now += 60  # past the expected time: polled, not guessed
+    assert wakes.retry_after_s("m") == OVERDUE_S
+
+
+def test_a_failed_wake_times_nothing() -> None:
+    clock = Clock()
+    wakes = WakeTimes(10, clock)
+    wakes.began("m")
+    clock.now += 400
+    wakes.forget("m")
+    wakes.ended("m")
+    assert wakes.expected_s("m") is None
+    assert wakes.retry_after_s("m") == 10
+
+
+def test_each_model_has_its_own_time() -> None:
+    clock = Clock()
+    wakes = WakeTimes(10, clock)
+    for model, took in (("a", 20.0), ("b", 100.0)):
+        wakes.began(model)
+        clock.now += took
+        wakes.ended(model)
+    wakes.began("a")
+    wakes.began("b")
+    assert wakes.retry_after_s("a") == 24
+    assert wakes.retry_after_s("b") == 120
+
+
+async def test_readiness_times_a_wake_and_says_it_on_the_next() -> None:
+    """Asleep, called (503 with the default), seen starting, answering 80 s later; asleep
+    again: the next call's 503 asks for the last wake's 80 s with the margin."""
+    clock = Clock()
+    states = {"s": HeadState(ASLEEP)}
+    polls: list[int] = []
+
+    def source() -> dict[str, HeadState]:
+        polls.append(1)
+        return dict(states)
+
+    async def next_poll() -> None:
+        seen = len(polls)
+        await until(lambda: len(polls) >= seen + 2)  # one whole poll after the change
+
+    readiness = HeadReadiness(
+        source, refresh_s=0.01, warming_retry_after_s=7, waker=lambda _: None, clock=clock
+    )
+    readiness.check("s")  # unknown yet: starts the poll
+    await next_poll()
+    with pytest.raises(ModelUnavailableError) as first:
+        readiness.check("s")
+    assert first.value.headers == {"Retry-After": "7"}
+    states["s"] = HeadState(WARMING, "UPSCALING")
+    await next_poll()
+    clock.now += 80
+    states["s"] = HeadState(READY)
+    await next_poll()
+    readiness.check("s")
+    states["s"] = HeadState(ASLEEP)
+    await next_poll()
+    clock.now += 900
+    with pytest.raises(ModelUnavailableError) as second:
+        readiness.check("s")
+    assert second.value.headers == {"Retry-After": str(round(80 * MARGIN))}
+    states["s"] = HeadState(WARMING, "UPSCALING")
+    await next_poll()
+    clock.now += 40
+    with pytest.raises(ModelUnavailableError) as later:
+        readiness.check("s")
+    assert later.value.headers == {"Retry-After": str(round(80 * MARGIN) - 40)}
+
+
+async def test_a_wake_started_by_another_replica_is_timed_from_when_it_is_seen() -> None:
+    clock = Clock()
+    states = {"s": HeadState(ASLEEP)}
+    polls: list[int] = []
+
+    def source() -> dict[str, HeadState]:
+        polls.append(1)
+        return dict(states)
+
+    async def next_poll() -> None:
+        seen = len(polls)
+        await until(lambda: len(polls) >= seen + 2)
+
+    readiness = HeadReadiness(source, refresh_s=0.01, clock=clock)
+    readiness.check("s")
+    await next_poll()
+    states["s"] = HeadState(WARMING, "UPSCALING")  # woken through another gateway replica
+    await next_poll()
+    clock.now += 30
+    readiness.note_answering("s")
+    assert readiness._wakes.expected_s("s") == 30
