@@ -19,7 +19,7 @@ never the other way round), and the peak while the output file is downloaded
 (``GET /v1/files/{id}/content``, streamed). The figure the issue bounds is the finalizing
 peak over idle (< 256 MiB for 200 MB of output).
 
-    flock /tmp/heavy.lock timeout 900 .venv/bin/python bench/batch_finalize_memory.py
+    .venv/bin/python bench/batch_finalize_memory.py   # 350 lines x 128 inputs: ~210 MB
     .venv/bin/python bench/batch_finalize_memory.py --lines 20 --inputs 32   # smoke test
 
 Figures go to bench/results/batch_finalize_memory-<time>.json. Every process started is
@@ -180,7 +180,7 @@ def progress(message: str) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--lines", type=int, default=300, help="batch lines (300)")
+    parser.add_argument("--lines", type=int, default=350, help="batch lines (350: ~210 MB)")
     parser.add_argument("--inputs", type=int, default=128, help="inputs a line (128)")
     parser.add_argument("--concurrency", type=int, default=4, help="lines run at once (4)")
     parser.add_argument("--batch-timeout-s", type=float, default=600.0)
