@@ -50,10 +50,12 @@ key: install
 	@$(BIN)/gateway keys create --user $${USER_NAME:-demo} --org $${ORG_NAME:-demo}
 
 lint: install
+	@echo "==> $$(date -u +%T) ruff"
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 typecheck: install
+	@echo "==> $$(date -u +%T) mypy"
 	$(BIN)/mypy
 
 # Two processes: the unit run imports torch, transformers and vLLM (~3 GiB that the pytest
@@ -64,9 +66,14 @@ typecheck: install
 # The skip budget (tests/fixtures/skip_budget.py): every skip is printed, and one outside
 # tests/skip_allowlist.txt fails the run.
 SKIP_BUDGET := --skip-allowlist=tests/skip_allowlist.txt
+# Each half prints its start time and its 25 slowest steps, so a CI log says where its time went.
+DURATIONS := --durations=25
 pytest: install
-	$(BIN)/python -m pytest -q $(SKIP_BUDGET) --ignore=tests/serve --ignore=tests/production
-	$(BIN)/python -m pytest -q $(SKIP_BUDGET) tests/serve
+	@echo "==> $$(date -u +%T) pytest, unit half (everything but tests/serve and tests/production)"
+	$(BIN)/python -m pytest -q $(SKIP_BUDGET) $(DURATIONS) --ignore=tests/serve --ignore=tests/production
+	@echo "==> $$(date -u +%T) pytest, end-to-end half (tests/serve: one shared Serve stack)"
+	$(BIN)/python -m pytest -q $(SKIP_BUDGET) $(DURATIONS) tests/serve
+	@echo "==> $$(date -u +%T) pytest done"
 
 production-tests: install
 	$(BIN)/python -m pytest -q $(SKIP_BUDGET) tests/production
