@@ -1,7 +1,8 @@
 """LoRA adapters on the real vLLM head (docs/reference/adapters.md), in the shared stack.
 
-SmolLM2's head runs with ``lora`` (max_lora_rank 8, max_loras 2) and the catalog's
-operator adapter ``smollm2-135m-instruct:json``, trained here with peft
+SmolLM2's adapter head (``chat-smollm2-135m-instruct-lora``: ``adapters_head: separate``, the
+default; its own head runs without LoRA) runs with ``lora`` (max_lora_rank 8, max_loras 2)
+and the catalog's operator adapter ``smollm2-135m-instruct:json``, trained here with peft
 (``prepared:smollm2-json-lora``): it answers every question as ``{"answer": ...}``,
 which the base model never does.
 """
@@ -57,6 +58,14 @@ def _is_answer_object(text: str) -> bool:
     except ValueError:
         return text.startswith('{"answer": "')  # cut by max_tokens, still the format
     return isinstance(value, dict) and list(value) == ["answer"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _adapter_head_awake(serve_stack: ServeStack) -> None:
+    """Adapters run on SmolLM2's adapter head (``adapters_head: separate``, the default),
+    which sleeps until the first adapter call: woken once here, as a client honouring
+    ``Retry-After`` would."""
+    serve_stack.wake(ADAPTER)
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +160,7 @@ def test_three_adapters_on_two_slots(serve_stack: ServeStack, admin: str) -> Non
         assert resp.status_code in (200, 409), resp.text
         names.append(f"{SMOLLM}:{name}")
         keys[names[-1]] = _key(serve_stack, admin, name)
-    head = serve.get_deployment_handle(f"chat-{SMOLLM}", app_name="gateway")
+    head = serve.get_deployment_handle(f"chat-{SMOLLM}-lora", app_name="gateway")
     with serve_stack.http() as http:
         for model in (ADAPTER, names[0], names[1], ADAPTER):
             assert _is_answer_object(_ask(http, model, QUESTIONS[2], max_tokens=12))
