@@ -11,6 +11,7 @@ import signal
 import time
 
 import httpx
+import psutil
 import pytest
 
 from tests.production.batches import (
@@ -37,6 +38,8 @@ from tests.production.stack import (
 pytestmark = [pytest.mark.production, pytest.mark.fault]
 
 REDIS_DOWN_S = 20.0
+POOLING_TITLE = f"ServeReplica:gateway:pooling-{EMBED}"
+"""Ray's process title of the embeddings head's replica (its EngineCore is a child)."""
 
 
 def _ended_whole(stack: ProductionStack, key: str, batch: dict[str, object], tag: str) -> None:
@@ -191,3 +194,30 @@ def test_redis_down_for_20_s_fails_closed_and_the_quota_is_rebuilt(
         ),
         30.0,
     )
+
+
+def test_the_heads_engine_killed_mid_batch_loses_and_doubles_nothing(
+    prod_stack: ProductionStack,
+) -> None:
+    """The embeddings head's vLLM EngineCore SIGKILLed while both workers run lines: the
+    lines in flight get 503 ``engine_dead`` and are deferred (not counted as attempts),
+    Serve replaces the head, and the batch completes with every line once, billed once."""
+    key = prod_stack.key("engine-user")
+    batch_id = submit(prod_stack, key, embedding_lines(LINES, "engine"))
+    with ClaimWatch(prod_stack, batch_id) as watch:
+        wait_both_workers(watch)
+        (head,) = [p for p in prod_stack.stragglers() if POOLING_TITLE in process_title(p)]
+        cores = [
+            child
+            for child in psutil.Process(head).children(recursive=True)
+            if "EngineCore" in " ".join(child.cmdline())
+        ]
+        assert cores, f"no EngineCore under the embeddings head {head}"
+        done_at_kill = watch.done_lines
+        for core in cores:
+            core.send_signal(signal.SIGKILL)
+        batch = wait_terminal(prod_stack, key, batch_id)
+    assert done_at_kill < LINES, "the batch ended before the kill"
+    _ended_whole(prod_stack, key, batch, "engine")
+    # A line the dead engine refused was given back, not counted as an attempt.
+    assert all(r.attempts == 1 for r in line_states(prod_stack, batch_id))
