@@ -64,6 +64,13 @@ RAY_ENV_DEFAULTS = {
     # object refs (the gateway's chat-head handle does the same, in RayHeadClient): with
     # both, proxy + gateway + head CPU per token fell by a third.
     "RAY_SERVE_PROXY_USE_GRPC": "1",
+    # Over that transport a replica's answer crosses as gRPC messages of at most this many
+    # bytes (Serve's default: 4 MiB), and Serve batches a streamed answer's ASGI messages
+    # into one message while the proxy is busy: a 60 MB batch output file downloaded through
+    # the proxy broke off after 6 MiB ("Received message larger than max (5243080 vs.
+    # 4194304)", tests/production), as would any JSON answer over 4 MiB (a large embeddings
+    # call). Serve's own limit for its gRPC servers, 2 GiB - 1, is used for replicas too.
+    "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(2**31 - 1),
     **SERVE_LOOP_ENV,
 }
 """Environment ``gateway run`` gives Ray (and so every replica) unless already set."""

@@ -19,14 +19,20 @@ BATCH_TIMEOUT_S = 240.0
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 
 
-def embedding_lines(count: int = LINES, tag: str = "line") -> bytes:
-    """``count`` cheap lines (one short embedding each, distinct inputs)."""
+def embedding_lines(count: int = LINES, tag: str = "line", inputs: int = 1) -> bytes:
+    """``count`` cheap lines (``inputs`` short embeddings each, distinct inputs; each
+    input's float embedding is ~4.6 kB of the output file)."""
+
+    def line_input(i: int) -> str | list[str]:
+        text = f"batch line number {i} of the {tag} run"
+        return text if inputs == 1 else [f"{text}, input {j}" for j in range(inputs)]
+
     lines = [
         {
             "custom_id": f"{tag}-{i}",
             "method": "POST",
             "url": "/v1/embeddings",
-            "body": {"model": EMBED, "input": f"batch line number {i} of the {tag} run"},
+            "body": {"model": EMBED, "input": line_input(i)},
         }
         for i in range(count)
     ]

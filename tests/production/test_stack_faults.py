@@ -13,6 +13,7 @@ import time
 import httpx
 import psutil
 import pytest
+import sqlalchemy as sa
 
 from tests.production.batches import (
     LINES,
@@ -220,4 +221,70 @@ def test_the_heads_engine_killed_mid_batch_loses_and_doubles_nothing(
     assert done_at_kill < LINES, "the batch ended before the kill"
     _ended_whole(prod_stack, key, batch, "engine")
     # A line the dead engine refused was given back, not counted as an attempt.
+    assert all(r.attempts == 1 for r in line_states(prod_stack, batch_id))
+
+
+def test_a_batch_expiring_while_lines_run_keeps_what_ran_and_bills_it_once(
+    prod_stack: ProductionStack,
+) -> None:
+    """The batch's window ends (its ``expires_at`` moved to now in the database, as the
+    clock would) while both workers run lines: the running lines end with their result, no
+    other line starts, and the batch is ``expired`` with the rest in the error file as
+    ``batch_expired``, counted in ``failed``; counts, ledger and files agree."""
+    key = prod_stack.key("expiry-user")
+    batch_id = submit(prod_stack, key, embedding_lines(LINES, "expiry"))
+    with ClaimWatch(prod_stack, batch_id) as watch:
+        wait_both_workers(watch)
+        with prod_stack.db.engine.begin() as conn:
+            conn.execute(
+                sa.text("UPDATE batches SET expires_at = now() WHERE id = :b"), {"b": batch_id}
+            )
+        batch = wait_terminal(prod_stack, key, batch_id)
+    assert batch["status"] == "expired", batch
+    lines = line_states(prod_stack, batch_id)
+    ran = [r for r in lines if r.attempts > 0]
+    never = [r for r in lines if r.attempts == 0]
+    assert 0 < len(ran) < LINES, len(ran)
+    assert all(r.status == "succeeded" and r.has_result for r in ran)
+    counts = batch["request_counts"]
+    assert counts == {"total": LINES, "completed": len(ran), "failed": len(never)}, counts
+    ledger = settle_ledger(prod_stack, batch_id, len(ran))
+    outputs = output_lines(prod_stack, key, batch["output_file_id"])
+    assert sorted(o["custom_id"] for o in outputs) == sorted(r.custom_id for r in ran)
+    assert {o["id"] for o in outputs} == {row.request_id for row in ledger}
+    errors = output_lines(prod_stack, key, batch["error_file_id"])
+    assert sorted(e["custom_id"] for e in errors) == sorted(r.custom_id for r in never)
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+
+
+FINALIZE_INPUTS = 64
+"""Inputs a line in the finalization fault: ~60 MB of output, so writing the files and
+streaming them to the object store takes long enough to kill the finalizer meanwhile."""
+
+
+def test_a_gateway_replica_killed_while_finalizing_leaves_the_output_whole(
+    prod_stack: ProductionStack,
+) -> None:
+    """The worker holding the batch's finalization lease (``batches.lease_owner`` once
+    ``finalizing_at`` is set) is SIGKILLed mid-finalization: after its lease the other
+    worker finalizes again from the stored results, so the output file is whole, each line
+    once, and each line billed once."""
+    key = prod_stack.key("finalize-user")
+    batch_id = submit(prod_stack, key, embedding_lines(LINES, "final", FINALIZE_INPUTS))
+
+    def finalizer() -> str | None:
+        rows = prod_stack.rows(
+            "SELECT lease_owner FROM batches WHERE id = :b AND finalizing_at IS NOT NULL "
+            "AND lease_owner IS NOT NULL AND completed_at IS NULL",
+            b=batch_id,
+        )
+        return str(rows[0].lease_owner) if rows else None
+
+    victim = wait_for("a worker finalizing the batch", finalizer, 240.0, 0.01)
+    pid = worker_pid(victim)
+    assert GATEWAY_TITLE in process_title(pid), (pid, process_title(pid))
+    os.kill(pid, signal.SIGKILL)
+    assert prod_stack.scalar("SELECT completed_at FROM batches WHERE id = :b", b=batch_id) is None
+    batch = wait_terminal(prod_stack, key, batch_id)
+    _ended_whole(prod_stack, key, batch, "final")
     assert all(r.attempts == 1 for r in line_states(prod_stack, batch_id))
