@@ -61,7 +61,7 @@ typecheck: install
 # Two processes: the unit run imports torch, transformers and vLLM (~3 GiB that the pytest
 # process keeps), which the end-to-end run's Serve stack would otherwise sit beside.
 # The production-shaped stack (tests/production: 2 gateway replicas on PostgreSQL and Redis)
-# is `make production-tests`, not part of `make test`: 10 tests in ~3.5 min here, but CI's
+# is `make production-tests`, not part of `make test`: 11 tests in ~4 min here, but CI's
 # last run took 86 of its 90 minutes (docs/deployment.md).
 # The skip budget (tests/fixtures/skip_budget.py): every skip is printed, and one outside
 # tests/skip_allowlist.txt fails the run.

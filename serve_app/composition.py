@@ -34,7 +34,7 @@ from serve_app.adapters.service import AdapterService
 from serve_app.adapters.store import AdapterStore
 from serve_app.auth.accounts import AccountStore
 from serve_app.auth.dashboard import DashboardSessions
-from serve_app.auth.epoch import EpochWatch
+from serve_app.auth.epoch import EpochWatch, RedisEpochPublisher
 from serve_app.auth.key_admin import KeyAdmin
 from serve_app.auth.members import MemberAdmin
 from serve_app.auth.oidc import OidcClient
@@ -241,11 +241,21 @@ def _text(
     )
 
 
+def account_store(database: Database, settings: GatewaySettings) -> AccountStore:
+    """The accounts as a replica writes them (dashboard keys, members, passwords): with
+    Redis configured, each committed change is also published there (``INCR`` of the
+    accounts generation), so every other replica drops its cached keys on its next
+    request; without it they learned only from the database poll, up to 100 ms later,
+    and a key revoked through one replica still passed on another meanwhile."""
+    publish = RedisEpochPublisher(settings.redis_url) if settings.redis_url else None
+    return AccountStore(database, pepper=settings.key_pepper, publish=publish)
+
+
 def _auth(database: Database, settings: GatewaySettings) -> AuthService:
     """API keys checked against the database and cached per replica; the accounts
     generation (``serve_app.auth.epoch``) tells every replica when its cache is stale."""
     return AuthService(
-        AccountStore(database, pepper=settings.key_pepper),
+        account_store(database, settings),
         settings,
         epochs=EpochWatch.build(database, settings.redis_url),
     )
@@ -255,7 +265,7 @@ def session_store(database: Database, settings: GatewaySettings) -> SessionStore
     """Dashboard sessions, passwords and sign-in links (the CLI builds the same)."""
     return SessionStore(
         database,
-        AccountStore(database, pepper=settings.key_pepper),
+        account_store(database, settings),
         ttl_s=settings.session_ttl_s,
         link_ttl_s=settings.login_link_ttl_s,
     )
@@ -270,7 +280,7 @@ def _dashboard(
         settings.redis_url, window_s=60.0, prefix=f"{config.limits.redis_prefix}:login"
     )
     sessions = session_store(database, settings)
-    accounts = AccountStore(database, pepper=settings.key_pepper)
+    accounts = account_store(database, settings)
     limits = config.limits
     return DashboardServices(
         sessions=DashboardSessions(sessions, counters, oidc=_oidc(config.dashboard.oidc, accounts)),

@@ -385,19 +385,41 @@ class BatchStore:
                     )
         return claimed
 
-    def heartbeat(self, worker: str, now: datetime, lease_s: float) -> int:
-        """Extend the leases of every line ``worker`` runs (and of its batch stage)."""
+    def heartbeat(
+        self,
+        worker: str,
+        now: datetime,
+        lease_s: float,
+        lines: Sequence[tuple[str, int]],
+        stage: str | None,
+    ) -> int:
+        """Extend the leases of ``lines`` ((batch id, line) pairs) and of ``stage``'s batch,
+        those of them ``worker`` still holds: what it is running now, never everything
+        under its name (a line it gave up on must lapse to be claimed again)."""
         lease = now + timedelta(seconds=lease_s)
+        by_batch: dict[str, list[int]] = {}
+        for batch_id, number in lines:
+            by_batch.setdefault(batch_id, []).append(number)
+        renewed = 0
         with self._write() as conn:
-            renewed = conn.execute(
-                sa.update(batch_lines)
-                .where(ln.lease_owner == worker, ln.status == RUNNING)
-                .values(lease_expires_at=lease)
-            ).rowcount
-            conn.execute(
-                sa.update(batches).where(b.lease_owner == worker).values(lease_expires_at=lease)
-            )
-        return int(renewed)
+            for batch_id, numbers in by_batch.items():
+                renewed += conn.execute(
+                    sa.update(batch_lines)
+                    .where(
+                        ln.batch_id == batch_id,
+                        ln.line.in_(numbers),
+                        ln.lease_owner == worker,
+                        ln.status == RUNNING,
+                    )
+                    .values(lease_expires_at=lease)
+                ).rowcount
+            if stage is not None:
+                conn.execute(
+                    sa.update(batches)
+                    .where(b.id == stage, b.lease_owner == worker)
+                    .values(lease_expires_at=lease)
+                )
+        return renewed
 
     def complete_line(
         self,

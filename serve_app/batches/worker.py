@@ -118,7 +118,10 @@ class BatchWorker:
         self.bill = bill
         self.clock = clock
         self.worker_id = worker_id or new_worker_id()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[asyncio.Task[None], ClaimedLine] = {}
+        """The lines this worker runs: the heartbeat renews their leases and no others."""
+        self._stage: str | None = None
+        """The batch whose stage (validation, finalization) this worker is running now."""
         self._worked = False
         self._loop = PeriodicLoop(
             self._round, self._pause, logger=logger, failure="batch worker step failed"
@@ -165,8 +168,18 @@ class BatchWorker:
         return min(wait, LIVE_POLL_S) if self._yielding() else wait
 
     async def _heartbeat(self) -> None:
+        """Renew what this worker is working on, not whatever the database says it holds:
+        a line whose completion, or a stage whose release, failed (the database was down)
+        keeps this worker's name, and renewing it would keep it from every worker for good;
+        left alone, its lease lapses and another claim runs it again."""
+        lines = [(line.batch_id, line.line) for line in self._tasks.values()]
         await asyncio.to_thread(
-            self.store.heartbeat, self.worker_id, self.clock(), self.options.lease_s
+            self.store.heartbeat,
+            self.worker_id,
+            self.clock(),
+            self.options.lease_s,
+            lines,
+            self._stage,
         )
 
     # ---- one round -----------------------------------------------------------------------
@@ -210,12 +223,19 @@ class BatchWorker:
         )
         for line in claimed:
             task = asyncio.get_running_loop().create_task(self.run_line(line))
-            self._tasks.add(task)
+            self._tasks[task] = line
             task.add_done_callback(self._line_done)
         return bool(claimed)
 
     def _line_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
+        line = self._tasks.pop(task, None)
+        if line is not None and not task.cancelled() and task.exception() is not None:
+            logger.warning(
+                "batch line %s:%d not completed (%s); its lease lapses and it runs again",
+                line.batch_id,
+                line.line,
+                task.exception(),
+            )
         self._loop.wake()
 
     # ---- lines ---------------------------------------------------------------------------
@@ -325,12 +345,14 @@ class BatchWorker:
         )
         if batch is None:
             return False
+        self._stage = batch.id
         try:
             if batch.status == VALIDATING:
                 await self._validate(batch)
             else:
                 await self._finalize(batch)
         finally:
+            self._stage = None
             await asyncio.to_thread(self.store.release_stage, batch.id, self.worker_id)
         return True
 

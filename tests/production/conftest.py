@@ -11,12 +11,26 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.faults.services import PostgresServer, postgres_bin_dir
 from tests.production.stack import ProductionStack, running_stack
 
 
 @pytest.fixture(scope="package")
+def prod_postgres() -> Iterator[PostgresServer]:
+    """The stack's own PostgreSQL (a fault test stops and restarts it; the machine's server
+    is shared with everything else on the box)."""
+    server = PostgresServer(postgres_bin_dir())
+    try:
+        server.init()
+        server.start()
+        yield server
+    finally:
+        server.remove()
+
+
+@pytest.fixture(scope="package")
 def prod_stack(
-    postgres_admin_url: str, tmp_path_factory: pytest.TempPathFactory
+    prod_postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ProductionStack]:
-    with running_stack(postgres_admin_url, tmp_path_factory.mktemp("prod-stack")) as stack:
+    with running_stack(prod_postgres, tmp_path_factory.mktemp("prod-stack")) as stack:
         yield stack

@@ -2,8 +2,8 @@
 
 ``gateway run --config configs/production-local.yaml --ingress proxy`` in a process group
 of its own: two gateway replicas behind Serve's proxy, the real SmolLM2 and all-MiniLM
-heads, deployment_mode production. Its state is private to the stack: a fresh database on
-the machine's PostgreSQL (127.0.0.1:5432, dropped afterwards), a Redis server of its own
+heads, deployment_mode production. Its state is private to the stack: a PostgreSQL server of its
+own (``tests.faults.services.PostgresServer``: a test may restart it), a Redis server of its own
 on a free port (``tests.faults.services.RedisServer``: a test may stop it without touching
 the machine's shared Redis), and an S3 bucket on moto's server (production refuses the
 local object folder). Every process the gateway starts (Ray's daemons, replicas, vLLM
@@ -32,7 +32,7 @@ from serve_app.auth.accounts import AccountStore
 from serve_app.config import REPO_ROOT
 from serve_app.ingress.replica_header import REPLICA_HEADER
 from serve_app.storage.db import Database
-from tests.faults.services import RedisServer, free_port
+from tests.faults.services import PostgresServer, RedisServer, free_port
 from tests.fixtures.processes import pids_with_environ
 
 CONFIG = REPO_ROOT / "configs" / "production-local.yaml"
@@ -133,6 +133,7 @@ class ProductionStack:
 
     base_url: str
     database_url: str
+    postgres: PostgresServer
     redis: RedisServer
     log: Path
     mark: str
@@ -171,24 +172,6 @@ class ProductionStack:
         return [p for p in self.stragglers() if GATEWAY_TITLE in process_title(p)]
 
 
-def create_database(admin_url: str) -> tuple[str, Callable[[], None]]:
-    """A fresh database on the machine's PostgreSQL, and how to drop it."""
-    from sqlalchemy.engine import make_url
-
-    name = f"gw_prod_{secrets.token_hex(6)}"
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-
-    def drop() -> None:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    return url, drop
-
-
 def stack_env(
     database_url: str, redis_url: str, s3: MotoS3, state: Path, mark: str
 ) -> dict[str, str]:
@@ -220,11 +203,11 @@ def stack_env(
 
 
 @contextlib.contextmanager
-def running_stack(admin_url: str, workdir: Path) -> Iterator[ProductionStack]:
+def running_stack(postgres: PostgresServer, workdir: Path) -> Iterator[ProductionStack]:
     """Start everything, wait until both replicas and both heads answer, end it all after."""
     from serve_app.auth.accounts import AccountStore
 
-    database_url, drop_database = create_database(admin_url)
+    database_url = postgres.create_database(f"gw_prod_{secrets.token_hex(6)}")
     redis = RedisServer(_redis_binary())
     s3 = MotoS3()
     mark = secrets.token_hex(16)
@@ -255,6 +238,7 @@ def running_stack(admin_url: str, workdir: Path) -> Iterator[ProductionStack]:
         stack = ProductionStack(
             base_url=f"http://127.0.0.1:{port}",
             database_url=database_url,
+            postgres=postgres,
             redis=redis,
             log=log,
             mark=mark,
@@ -274,7 +258,6 @@ def running_stack(admin_url: str, workdir: Path) -> Iterator[ProductionStack]:
         redis.stop()
         s3.stop()
         db.dispose()
-        drop_database()
 
 
 def _redis_binary() -> str:

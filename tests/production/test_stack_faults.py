@@ -257,6 +257,64 @@ def test_a_batch_expiring_while_lines_run_keeps_what_ran_and_bills_it_once(
     assert {e["error"]["code"] for e in errors} == {"batch_expired"}
 
 
+PG_DOWN_S = 10.0
+
+
+def test_postgresql_restarted_under_load_loses_no_usage(prod_stack: ProductionStack) -> None:
+    """The stack's PostgreSQL stopped (``-m fast``: sessions cut) for 10 s under live calls
+    and a running batch, then started again: every call is answered 200 (its key verified
+    within the auth cache's 60 s, its usage spooled) or refused with the contract's 503,
+    never a 500; the ledger ends equal to the 200s the client got, and the batch ends whole."""
+    key = prod_stack.key("pg-user")
+    user_id = prod_stack.accounts.get_user("pg-user").id  # type: ignore[union-attr]
+    body = {"model": EMBED, "input": "outage text"}
+    answered = 0
+    refused: list[int] = []
+    seen: set[str] = set()
+    with prod_stack.http(key) as http:
+
+        def both_replicas_know_the_key() -> bool:
+            nonlocal answered
+            resp = http.post("/v1/embeddings", json=body)
+            assert resp.status_code == 200, resp.text
+            answered += 1
+            seen.add(replica(resp))
+            return len(seen) == 2
+
+        wait_for("both replicas caching the key", both_replicas_know_the_key, 60.0, 0.1)
+        batch_key = prod_stack.key("pg-batch-user")
+        batch_id = submit(prod_stack, batch_key, embedding_lines(LINES, "pg"))
+        prod_stack.postgres.stop()
+        stopped = time.monotonic()
+        try:
+            while time.monotonic() - stopped < PG_DOWN_S:
+                resp = http.post("/v1/embeddings", json=body)
+                if resp.status_code == 200:
+                    answered += 1
+                else:
+                    assert resp.status_code == 503, resp.text
+                    assert resp.json()["error"]["code"], resp.text
+                    refused.append(resp.status_code)
+                time.sleep(0.2)
+        finally:
+            prod_stack.postgres.start()
+        for _ in range(3):
+            resp = http.post("/v1/embeddings", json=body)
+            assert resp.status_code == 200, resp.text
+            answered += 1
+    print(f"PostgreSQL down {PG_DOWN_S:g} s: {answered} answered, {len(refused)} refused")
+    wait_for(
+        f"the ledger to hold the {answered} answered calls",
+        lambda: (
+            prod_stack.scalar("SELECT count(*) FROM usage_records WHERE user_id = :u", u=user_id)
+            == answered
+        ),
+        120.0,
+        0.5,
+    )
+    _ended_whole(prod_stack, batch_key, wait_terminal(prod_stack, batch_key, batch_id), "pg")
+
+
 FINALIZE_INPUTS = 64
 """Inputs a line in the finalization fault: ~60 MB of output, so writing the files and
 streaming them to the object store takes long enough to kill the finalizer meanwhile."""

@@ -212,6 +212,35 @@ async def test_a_killed_workers_lines_resume_after_their_lease_once_each(
     assert len(await batches.content(done["output_file_id"])) == 4
 
 
+async def test_a_line_its_worker_gave_up_on_is_not_kept_by_its_heartbeat(
+    batches: BatchHarness,
+) -> None:
+    """A worker whose line completion (or stage release) failed, the database being down,
+    still has its name on the line; its heartbeat renews only what it is running, so the
+    lease lapses and another worker runs the line (once the heartbeat renewed every lease
+    under its name, and the batch stayed in progress for good)."""
+    created = await batches.create([chat_line(f"gave-up-{i}") for i in range(2)])
+    await batches.worker.run_stage()  # validation only
+    store, lease_s = batches.worker.store, batches.worker.options.lease_s
+    held = store.claim_lines("worker-a", 2, batches.clock(), lease_s)
+    assert len(held) == 2
+    alive = batches.worker_named("worker-a")  # running none of them: it gave up on both
+    batches.clock.advance(lease_s - 1)
+    await alive._heartbeat()
+    renewed = store.heartbeat(
+        "worker-a", batches.clock(), lease_s, [(held[0].batch_id, held[0].line)], None
+    )
+    assert renewed == 1  # a line it does run is renewed, by its id and the worker's name
+    batches.clock.advance(2)  # past the first lease, not the renewed one
+    await batches.worker.drain()
+    assert (await batches.get(created["id"]))["request_counts"]["completed"] == 1
+    batches.clock.advance(lease_s)
+    await batches.worker.drain()
+    done = await batches.get(created["id"])
+    assert done["status"] == "completed", done
+    assert len(batches.ledger()) == 2
+
+
 async def test_two_workers_finishing_one_line_bill_it_once(batches: BatchHarness) -> None:
     created = await batches.create([chat_line("only")])
     await batches.worker.run_stage()  # validation only
