@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.faults.services import PostgresServer, RedisServer, postgres_bin_dir, redis_binary
+from tests.faults.services import PostgresServer, RedisServer, redis_binary, throwaway_postgres
 from tests.fixtures.gateway import GatewayHarness, add_keys, build_harness, start_heads
 
 PRODUCTION_AUTH_CACHE_S = 60.0
@@ -38,13 +38,8 @@ def redis_server() -> Iterator[RedisServer]:
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
-    server = PostgresServer(postgres_bin_dir())
-    try:
-        server.init()
-        server.start()
+    with throwaway_postgres() as server:
         yield server
-    finally:
-        server.remove()
 
 
 @pytest.fixture

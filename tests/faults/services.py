@@ -19,7 +19,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -137,6 +137,18 @@ class PostgresServer:
             with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
                 self.stop()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def throwaway_postgres() -> Iterator[PostgresServer]:
+    """A started ``PostgresServer``, removed (stopped, its folder deleted) afterwards."""
+    server = PostgresServer(postgres_bin_dir())
+    try:
+        server.init()
+        server.start()
+        yield server
+    finally:
+        server.remove()
 
 
 def redis_binary() -> str:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.faults.services import PostgresServer, postgres_bin_dir
+from tests.faults.services import PostgresServer, throwaway_postgres
 from tests.production.stack import ProductionStack, running_stack
 
 
@@ -19,13 +19,8 @@ from tests.production.stack import ProductionStack, running_stack
 def prod_postgres() -> Iterator[PostgresServer]:
     """The stack's own PostgreSQL (a fault test stops and restarts it; the machine's server
     is shared with everything else on the box)."""
-    server = PostgresServer(postgres_bin_dir())
-    try:
-        server.init()
-        server.start()
+    with throwaway_postgres() as server:
         yield server
-    finally:
-        server.remove()
 
 
 @pytest.fixture(scope="package")

@@ -55,6 +55,31 @@ def _ended_whole(stack: ProductionStack, key: str, batch: dict[str, object], tag
     assert sorted(o["custom_id"] for o in outputs) == sorted(f"{tag}-{i}" for i in range(LINES))
 
 
+def _stopped_partway(
+    stack: ProductionStack, key: str, batch: dict[str, object], code: str, *, never_failed: bool
+) -> None:
+    """A batch stopped while its lines ran (cancelled, expired): the lines that started
+    ended with their result, billed once and in the output; the rest never started and are
+    in the error file as ``code``, counted in ``failed`` when ``never_failed``."""
+    batch_id = str(batch["id"])
+    lines = line_states(stack, batch_id)
+    ran = [r for r in lines if r.attempts > 0]
+    never = [r for r in lines if r.attempts == 0]
+    assert 0 < len(ran) < LINES, len(ran)
+    assert all(r.status == "succeeded" and r.has_result for r in ran)
+    assert all(not r.has_result for r in never)
+    counts = batch["request_counts"]
+    failed = len(never) if never_failed else 0
+    assert counts == {"total": LINES, "completed": len(ran), "failed": failed}, counts
+    ledger = settle_ledger(stack, batch_id, len(ran))
+    outputs = output_lines(stack, key, batch["output_file_id"])  # type: ignore[arg-type]
+    assert sorted(o["custom_id"] for o in outputs) == sorted(r.custom_id for r in ran)
+    assert {o["id"] for o in outputs} == {row.request_id for row in ledger}
+    errors = output_lines(stack, key, batch["error_file_id"])  # type: ignore[arg-type]
+    assert sorted(e["custom_id"] for e in errors) == sorted(r.custom_id for r in never)
+    assert {e["error"]["code"] for e in errors} == {code}
+
+
 def test_a_gateway_replica_killed_while_running_lines_loses_and_doubles_nothing(
     prod_stack: ProductionStack,
 ) -> None:
@@ -114,24 +139,9 @@ def test_a_batch_cancelled_while_lines_run_stops_and_bills_what_ran(
         assert resp.json()["status"] in ("cancelling", "cancelled"), resp.text
         batch = wait_terminal(prod_stack, key, batch_id)
     assert batch["status"] == "cancelled", batch
-    lines = line_states(prod_stack, batch_id)
-    ran = [r for r in lines if r.attempts > 0]
-    never = [r for r in lines if r.attempts == 0]
-    assert 0 < len(ran) < LINES, len(ran)
-    # A line that started ended with its result; the rest never started.
-    assert all(r.status == "succeeded" and r.has_result for r in ran)
-    assert all(not r.has_result for r in never)
     # Counts are of the lines that ran (the worker's finish: a cancel fails none of them);
-    # the never-run ones are in the error file below.
-    counts = batch["request_counts"]
-    assert counts == {"total": LINES, "completed": len(ran), "failed": 0}, counts
-    ledger = settle_ledger(prod_stack, batch_id, len(ran))
-    outputs = output_lines(prod_stack, key, batch["output_file_id"])
-    assert sorted(o["custom_id"] for o in outputs) == sorted(r.custom_id for r in ran)
-    assert {o["id"] for o in outputs} == {row.request_id for row in ledger}
-    errors = output_lines(prod_stack, key, batch["error_file_id"])
-    assert sorted(e["custom_id"] for e in errors) == sorted(r.custom_id for r in never)
-    assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+    # the never-run ones are in the error file.
+    _stopped_partway(prod_stack, key, batch, "batch_cancelled", never_failed=False)
 
 
 def test_redis_down_for_20_s_fails_closed_and_the_quota_is_rebuilt(
@@ -241,20 +251,7 @@ def test_a_batch_expiring_while_lines_run_keeps_what_ran_and_bills_it_once(
             )
         batch = wait_terminal(prod_stack, key, batch_id)
     assert batch["status"] == "expired", batch
-    lines = line_states(prod_stack, batch_id)
-    ran = [r for r in lines if r.attempts > 0]
-    never = [r for r in lines if r.attempts == 0]
-    assert 0 < len(ran) < LINES, len(ran)
-    assert all(r.status == "succeeded" and r.has_result for r in ran)
-    counts = batch["request_counts"]
-    assert counts == {"total": LINES, "completed": len(ran), "failed": len(never)}, counts
-    ledger = settle_ledger(prod_stack, batch_id, len(ran))
-    outputs = output_lines(prod_stack, key, batch["output_file_id"])
-    assert sorted(o["custom_id"] for o in outputs) == sorted(r.custom_id for r in ran)
-    assert {o["id"] for o in outputs} == {row.request_id for row in ledger}
-    errors = output_lines(prod_stack, key, batch["error_file_id"])
-    assert sorted(e["custom_id"] for e in errors) == sorted(r.custom_id for r in never)
-    assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+    _stopped_partway(prod_stack, key, batch, "batch_expired", never_failed=True)
 
 
 PG_DOWN_S = 10.0

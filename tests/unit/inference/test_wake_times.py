@@ -19,6 +19,26 @@ class Clock:
         return self.now
 
 
+class Status:
+    """Serve's status of one head ``s`` as the tests set it, counting the polls that read it."""
+
+    def __init__(self) -> None:
+        self.states = {"s": HeadState(ASLEEP)}
+        self.polls = 0
+
+    def __call__(self) -> dict[str, HeadState]:
+        self.polls += 1
+        return dict(self.states)
+
+    def set(self, state: HeadState) -> None:
+        self.states["s"] = state
+
+    async def next_poll(self) -> None:
+        """One whole poll read after the last change."""
+        seen = self.polls
+        await until(lambda: self.polls >= seen + 2)
+
+
 def test_a_head_never_seen_waking_gets_the_default() -> None:
     wakes = WakeTimes(10, Clock())
     assert wakes.retry_after_s("m") == 10
@@ -73,39 +93,30 @@ async def test_readiness_times_a_wake_and_says_it_on_the_next() -> None:
     """Asleep, called (503 with the default), seen starting, answering 80 s later; asleep
     again: the next call's 503 asks for the last wake's 80 s with the margin."""
     clock = Clock()
-    states = {"s": HeadState(ASLEEP)}
-    polls: list[int] = []
-
-    def source() -> dict[str, HeadState]:
-        polls.append(1)
-        return dict(states)
-
-    async def next_poll() -> None:
-        seen = len(polls)
-        await until(lambda: len(polls) >= seen + 2)  # one whole poll after the change
+    status = Status()
 
     readiness = HeadReadiness(
-        source, refresh_s=0.01, warming_retry_after_s=7, waker=lambda _: None, clock=clock
+        status, refresh_s=0.01, warming_retry_after_s=7, waker=lambda _: None, clock=clock
     )
     readiness.check("s")  # unknown yet: starts the poll
-    await next_poll()
+    await status.next_poll()
     with pytest.raises(ModelUnavailableError) as first:
         readiness.check("s")
     assert first.value.headers == {"Retry-After": "7"}
-    states["s"] = HeadState(WARMING, "UPSCALING")
-    await next_poll()
+    status.set(HeadState(WARMING, "UPSCALING"))
+    await status.next_poll()
     clock.now += 80
-    states["s"] = HeadState(READY)
-    await next_poll()
+    status.set(HeadState(READY))
+    await status.next_poll()
     readiness.check("s")
-    states["s"] = HeadState(ASLEEP)
-    await next_poll()
+    status.set(HeadState(ASLEEP))
+    await status.next_poll()
     clock.now += 900
     with pytest.raises(ModelUnavailableError) as second:
         readiness.check("s")
     assert second.value.headers == {"Retry-After": str(round(80 * MARGIN))}
-    states["s"] = HeadState(WARMING, "UPSCALING")
-    await next_poll()
+    status.set(HeadState(WARMING, "UPSCALING"))
+    await status.next_poll()
     clock.now += 40
     with pytest.raises(ModelUnavailableError) as later:
         readiness.check("s")
@@ -114,22 +125,13 @@ async def test_readiness_times_a_wake_and_says_it_on_the_next() -> None:
 
 async def test_a_wake_started_by_another_replica_is_timed_from_when_it_is_seen() -> None:
     clock = Clock()
-    states = {"s": HeadState(ASLEEP)}
-    polls: list[int] = []
+    status = Status()
 
-    def source() -> dict[str, HeadState]:
-        polls.append(1)
-        return dict(states)
-
-    async def next_poll() -> None:
-        seen = len(polls)
-        await until(lambda: len(polls) >= seen + 2)
-
-    readiness = HeadReadiness(source, refresh_s=0.01, clock=clock)
+    readiness = HeadReadiness(status, refresh_s=0.01, clock=clock)
     readiness.check("s")
-    await next_poll()
-    states["s"] = HeadState(WARMING, "UPSCALING")  # woken through another gateway replica
-    await next_poll()
+    await status.next_poll()
+    status.set(HeadState(WARMING, "UPSCALING"))  # woken through another gateway replica
+    await status.next_poll()
     clock.now += 30
     readiness.note_answering("s")
     assert readiness._wakes.expected_s("s") == 30
