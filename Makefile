@@ -58,11 +58,10 @@ typecheck: install
 	@echo "==> $$(date -u +%T) mypy"
 	$(BIN)/mypy
 
-# Two processes: the unit run imports torch, transformers and vLLM (~3 GiB that the pytest
-# process keeps), which the end-to-end run's Serve stack would otherwise sit beside.
-# The production-shaped stack (tests/production: 2 gateway replicas on PostgreSQL and Redis)
-# is `make production-tests`, not part of `make test`: 11 tests in ~4 min here, but CI's
-# last run took 86 of its 90 minutes (docs/deployment.md).
+# Three processes: the unit run imports torch, transformers and vLLM (~3 GiB that the pytest
+# process keeps), which the end-to-end run's Serve stack would otherwise sit beside; the
+# production-shaped stack (tests/production: 2 gateway replicas behind Serve's proxy on
+# PostgreSQL and Redis, ~4 min) starts its own Ray once the end-to-end stack is down.
 # The skip budget (tests/fixtures/skip_budget.py): every skip is printed, and one outside
 # tests/skip_allowlist.txt fails the run.
 SKIP_BUDGET := --skip-allowlist=tests/skip_allowlist.txt
@@ -73,6 +72,8 @@ pytest: install
 	$(BIN)/python -m pytest -q $(SKIP_BUDGET) $(DURATIONS) --ignore=tests/serve --ignore=tests/production
 	@echo "==> $$(date -u +%T) pytest, end-to-end half (tests/serve: one shared Serve stack)"
 	$(BIN)/python -m pytest -q $(SKIP_BUDGET) $(DURATIONS) tests/serve
+	@echo "==> $$(date -u +%T) pytest, production-shaped stack (tests/production)"
+	$(BIN)/python -m pytest -q $(SKIP_BUDGET) $(DURATIONS) tests/production
 	@echo "==> $$(date -u +%T) pytest done"
 
 production-tests: install

@@ -9,7 +9,10 @@ rules now live here once:
   call it on every request, as the pollers do);
 - a step's failure is logged at the owner's level and the loop goes on after the next
   wait (a loop that died on one database error would silently stop reconciling);
-  cancellation is never swallowed;
+  cancellation is never swallowed; while steps keep failing with the same kind of error
+  (an outage) only the first is logged with its traceback, and the first success after
+  says how many failed (a batch worker polling every 50 ms wrote a traceback per poll
+  through a 10 s database outage);
 - a step that returns ``False`` ends the loop (nothing left to do: the replica is
   stopping, the poller went idle); ``start`` begins a new one later;
 - the wait is ``interval_s`` (a number or a callable read before each wait, so the
@@ -50,6 +53,8 @@ class PeriodicLoop:
         self._wait_first = wait_first
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._failing: type[BaseException] | None = None
+        self._failures = 0
 
     @property
     def running(self) -> bool:
@@ -77,13 +82,32 @@ class PeriodicLoop:
             await self._wait()
         while True:
             try:
-                if await self._step() is False:
-                    return
+                ended = await self._step() is False
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                self._logger.log(self._level, self._failure, exc_info=True)
+            except Exception as exc:
+                self._failed(exc)
+            else:
+                self._succeeded()
+                if ended:
+                    return
             await self._wait()
+
+    def _failed(self, exc: Exception) -> None:
+        """The first failure of a run of the same kind with its traceback; repeats quietly."""
+        self._failures += 1
+        if type(exc) is self._failing:
+            self._logger.debug("%s (again, %d in a row): %s", self._failure, self._failures, exc)
+            return
+        self._failing = type(exc)
+        self._logger.log(self._level, self._failure, exc_info=exc)
+
+    def _succeeded(self) -> None:
+        if self._failures:
+            self._logger.warning(
+                "%s: recovered after %d failed steps", self._failure, self._failures
+            )
+        self._failing, self._failures = None, 0
 
     async def _wait(self) -> None:
         wait = self._interval() if callable(self._interval) else self._interval

@@ -20,6 +20,7 @@ sandbox and the dedicated endpoints' head deployment are chosen here.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -247,8 +248,14 @@ def account_store(database: Database, settings: GatewaySettings) -> AccountStore
     accounts generation), so every other replica drops its cached keys on its next
     request; without it they learned only from the database poll, up to 100 ms later,
     and a key revoked through one replica still passed on another meanwhile."""
-    publish = RedisEpochPublisher(settings.redis_url) if settings.redis_url else None
+    publish = _epoch_publisher(settings.redis_url) if settings.redis_url else None
     return AccountStore(database, pepper=settings.key_pepper, publish=publish)
+
+
+@functools.lru_cache(maxsize=8)
+def _epoch_publisher(redis_url: str) -> RedisEpochPublisher:
+    """One publisher (one Redis client) per process and URL, whichever store writes."""
+    return RedisEpochPublisher(redis_url)
 
 
 def _auth(database: Database, settings: GatewaySettings) -> AuthService:

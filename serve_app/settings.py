@@ -18,6 +18,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from serve_app.contract.paths import DEFAULT_STATE_DIR
 
+STACK_RESERVE_GIB = 1.7
+"""What the embedded stack holds beside its heads, measured (docs/deployment.md, "Memory
+budget"): machine used 4.14 GiB idle with SmolLM2's head at 2.42 GiB PSS, the rest Ray
+(0.77), the gateway replica, tool runner and driver (0.38) and the kernel's share of them."""
+
 
 class GatewaySettings(BaseSettings):
     """Environment-driven settings shared by the gateway, its heads and the CLI."""
@@ -115,7 +120,9 @@ class GatewaySettings(BaseSettings):
         default=None,
         gt=0,
         description="GiB the catalog's heads may hold awake at once (`8G`, `12GiB`, `8192M` "
-        "or a number of GiB); unset: half the machine's memory. Waking a head past it first "
+        "or a number of GiB); unset: half the machine's memory less the stack's own share "
+        f"({STACK_RESERVE_GIB:g} GiB: Ray, gateway replicas, tool runner). Waking a head "
+        "past it first "
         "puts the least recently used idle heads to sleep (docs/deployment.md, 'Memory budget').",
     )
 
@@ -125,10 +132,11 @@ class GatewaySettings(BaseSettings):
         return parse_gib(value) if isinstance(value, str) else value
 
     def resolved_memory_budget_gib(self) -> float:
-        """The heads' budget in GiB: the setting, else half of this machine's memory."""
+        """The heads' budget in GiB: the setting, else half of this machine's memory less
+        what the stack holds beside the heads, so the whole of ``make run`` fits the half."""
         if self.memory_budget is not None:
             return self.memory_budget
-        return machine_memory_gib() / 2
+        return default_memory_budget_gib()
 
     def resolved_models_dir(self) -> Path:
         """Where prepared and locally built models are cached (heads find the same folder
@@ -160,6 +168,13 @@ def parse_gib(text: str) -> float:
     if unit not in _UNITS or not number:
         raise ValueError(f"not a memory size: {text!r} (write e.g. 8G, 12GiB or 8192M)")
     return float(number) * _UNITS[unit]
+
+
+def default_memory_budget_gib() -> float:
+    """Half the machine less ``STACK_RESERVE_GIB`` (never below a quarter of the machine:
+    on a small machine the heads keep some room and ``gateway check`` says what fits)."""
+    half = machine_memory_gib() / 2
+    return max(half - STACK_RESERVE_GIB, half / 2)
 
 
 def machine_memory_gib() -> float:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from datetime import UTC, datetime
 
 import httpx
 import psutil
@@ -259,14 +260,20 @@ PG_DOWN_S = 10.0
 
 def test_postgresql_restarted_under_load_loses_no_usage(prod_stack: ProductionStack) -> None:
     """The stack's PostgreSQL stopped (``-m fast``: sessions cut) for 10 s under live calls
-    and a running batch, then started again: every call is answered 200 (its key verified
-    within the auth cache's 60 s, its usage spooled) or refused with the contract's 503,
-    never a 500; the ledger ends equal to the 200s the client got, and the batch ends whole."""
+    and a running batch, then started again: every call is answered 200, as
+    docs/deployment.md promises (its key verified within the auth cache's 60 s on both
+    replicas, its usage spooled); the ledger ends equal to the 200s the client got, and
+    the batch ends whole. (Only a UTC day turning during the outage may refuse calls, with
+    the contract's 503: the new day's quota is read from the ledger.)"""
+    # Every account write comes before the key is cached: a write moves the accounts
+    # generation and drops every replica's cache (a key made after the caching emptied it,
+    # and every call in the outage was refused).
+    batch_key = prod_stack.key("pg-batch-user")
     key = prod_stack.key("pg-user")
     user_id = prod_stack.accounts.get_user("pg-user").id  # type: ignore[union-attr]
     body = {"model": EMBED, "input": "outage text"}
     answered = 0
-    refused: list[int] = []
+    refused: list[str] = []
     seen: set[str] = set()
     with prod_stack.http(key) as http:
 
@@ -278,9 +285,9 @@ def test_postgresql_restarted_under_load_loses_no_usage(prod_stack: ProductionSt
             seen.add(replica(resp))
             return len(seen) == 2
 
-        wait_for("both replicas caching the key", both_replicas_know_the_key, 60.0, 0.1)
-        batch_key = prod_stack.key("pg-batch-user")
         batch_id = submit(prod_stack, batch_key, embedding_lines(LINES, "pg"))
+        wait_for("both replicas caching the key", both_replicas_know_the_key, 60.0, 0.1)
+        day = datetime.now(UTC).date()
         prod_stack.postgres.stop()
         stopped = time.monotonic()
         try:
@@ -291,7 +298,7 @@ def test_postgresql_restarted_under_load_loses_no_usage(prod_stack: ProductionSt
                 else:
                     assert resp.status_code == 503, resp.text
                     assert resp.json()["error"]["code"], resp.text
-                    refused.append(resp.status_code)
+                    refused.append(resp.text)
                 time.sleep(0.2)
         finally:
             prod_stack.postgres.start()
@@ -300,6 +307,8 @@ def test_postgresql_restarted_under_load_loses_no_usage(prod_stack: ProductionSt
             assert resp.status_code == 200, resp.text
             answered += 1
     print(f"PostgreSQL down {PG_DOWN_S:g} s: {answered} answered, {len(refused)} refused")
+    print("refusals:", sorted(set(refused)))
+    assert not refused or datetime.now(UTC).date() != day, refused[0]
     wait_for(
         f"the ledger to hold the {answered} answered calls",
         lambda: (

@@ -333,6 +333,11 @@ def _awake_heads(request: pytest.FixtureRequest) -> None:
         stack.wake(*marker.args)
 
 
+SUITE_MEMORY_BUDGET = "12G"
+"""The heads' budget of the suite's stack (see ``serve_stack``); bench/suite_memory.py
+measures what the suite holds."""
+
+
 @pytest.fixture(scope="session")
 def serve_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeStack]:
     import ray
@@ -353,6 +358,10 @@ def serve_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeStack
     os.environ["GATEWAY_AUTH_CACHE_SECONDS"] = "0"
     os.environ["GATEWAY_STATE_DIR"] = str(state_dir)  # ledger spool stays in the test dir
     os.environ["HF_HUB_OFFLINE"] = "1"
+    # The suite keeps SmolLM2, the tool model and one demo awake together (11.6 GiB declared),
+    # more than the default budget leaves the heads of `make run` on 24 GiB (10.3): with
+    # less, every demo test would put the tool model to sleep and wait for its wake.
+    os.environ["GATEWAY_MEMORY_BUDGET"] = SUITE_MEMORY_BUDGET
     os.environ["PYTHONPATH"] = f"{REPO_ROOT}:{os.environ.get('PYTHONPATH', '')}"
     database = Database(db_url)
     database.migrate()

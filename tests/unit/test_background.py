@@ -87,3 +87,26 @@ async def test_the_interval_is_read_before_each_wait() -> None:
     await until(lambda: len(waits) == 4)  # three waits of nothing, then the long one
     await loop.stop()
     assert waits == [0.0, 0.0, 0.0, 60.0]
+
+
+async def test_an_outage_is_logged_once_then_its_end(caplog: pytest.LogCaptureFixture) -> None:
+    """Steps failing with the same error (a database outage) log one traceback, not one per
+    step; a different error is logged again; the first success says how many failed."""
+    errors: list[Exception] = [ConnectionError("down")] * 5 + [ValueError("other")]
+    calls = 0
+
+    async def step() -> None:
+        nonlocal calls
+        calls += 1
+        if errors:
+            raise errors.pop(0)
+
+    loop = PeriodicLoop(step, 0.001, logger=logger, failure="step failed", level=logging.WARNING)
+    with caplog.at_level(logging.WARNING, logger="test.background"):
+        loop.start()
+        await until(lambda: calls >= 8)
+        await loop.stop()
+    failed = [r for r in caplog.records if r.message == "step failed"]
+    assert [type(r.exc_info[1]) for r in failed if r.exc_info] == [ConnectionError, ValueError]
+    recovered = [r.message for r in caplog.records if "recovered" in r.message]
+    assert recovered == ["step failed: recovered after 6 failed steps"]

@@ -8,7 +8,12 @@ import pytest
 
 from serve_app.catalog.config import CatalogModel
 from serve_app.cli.check.memory import check_memory, memory_summary
-from serve_app.settings import GatewaySettings, machine_memory_gib, parse_gib
+from serve_app.settings import (
+    STACK_RESERVE_GIB,
+    GatewaySettings,
+    machine_memory_gib,
+    parse_gib,
+)
 
 SLEEPS = {"num_replicas": None, "autoscaling_config": {"min_replicas": 0, "max_replicas": 1}}
 
@@ -85,9 +90,13 @@ def test_budget_sizes(text: str, gib: float) -> None:
     assert GatewaySettings(memory_budget=text).resolved_memory_budget_gib() == gib
 
 
-def test_budget_defaults_to_half_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_budget_defaults_to_half_the_machine_less_the_stack(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.delenv("GATEWAY_MEMORY_BUDGET", raising=False)
-    assert GatewaySettings().resolved_memory_budget_gib() == machine_memory_gib() / 2
+    half = machine_memory_gib() / 2
+    expected = max(half - STACK_RESERVE_GIB, half / 2)
+    assert GatewaySettings().resolved_memory_budget_gib() == pytest.approx(expected)
     monkeypatch.setenv("GATEWAY_MEMORY_BUDGET", "8G")
     assert GatewaySettings().resolved_memory_budget_gib() == 8.0
 
@@ -96,3 +105,16 @@ def test_budget_defaults_to_half_the_machine(monkeypatch: pytest.MonkeyPatch) ->
 def test_bad_budget_is_refused(text: str) -> None:
     with pytest.raises(ValueError):
         GatewaySettings(memory_budget=text)
+
+
+@pytest.mark.parametrize(("machine", "budget"), [(24.0, 10.3), (16.0, 6.3), (4.0, 1.0)])
+def test_the_default_leaves_the_stack_its_share(
+    monkeypatch: pytest.MonkeyPatch, machine: float, budget: float
+) -> None:
+    """24 GiB: the heads get 10.3 so the whole stack stays inside 12; a small machine keeps
+    a quarter for the heads rather than nothing."""
+    import serve_app.settings as settings
+
+    monkeypatch.delenv("GATEWAY_MEMORY_BUDGET", raising=False)
+    monkeypatch.setattr(settings, "machine_memory_gib", lambda: machine)
+    assert GatewaySettings().resolved_memory_budget_gib() == pytest.approx(budget)
