@@ -553,6 +553,12 @@ async def build_replica(
             {m: h for m, h in handles.items() if m in deployments}, gate=keeper.make_room
         ),
         on_use=keeper.note_use,
+        wake_s={
+            head: m.wake_s
+            for m in config.catalog
+            if m.wake_s is not None
+            for head in m.head_deployments()
+        },
     )
     dedicated_backend = None
     if config.dedicated.enabled:

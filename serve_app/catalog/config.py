@@ -269,6 +269,13 @@ class CatalogModel(_Strict):
         description="Memory its head holds awake (GiB, measured: bench/memory_budget.py); "
         "what the heads' memory budget counts. Unset: the head is not counted (check warns).",
     )
+    wake_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds its head takes to wake on the machine it is sized for "
+        "(measured: bench/every_route.py): the `Retry-After` of `model_warming` until a "
+        "gateway replica has timed a wake of its own. Unset: `readiness` default (10 s).",
+    )
     pinned: bool = Field(
         default=False,
         description="Never put to sleep to make room under the memory budget (the default "

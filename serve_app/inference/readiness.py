@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,15 +105,17 @@ class HeadReadiness:
         waker: Waker | None = None,
         on_use: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wake_s: Mapping[str, float] | None = None,
     ) -> None:
         """``on_use``: told of every accepted call (the memory budget's last-use order).
         ``warming_retry_after_s``: ``Retry-After`` for a head this replica has not yet seen
-        wake; later ones say what is left of its last wake (``WakeTimes``)."""
+        wake and the catalog gives no ``wake_s`` for (head id -> seconds, ``wake_s``);
+        later ones say what is left of its last wake (``WakeTimes``)."""
         self._source = source
         self._waker = waker
         self._on_use = on_use
         self._refresh_s = refresh_s
-        self._wakes = WakeTimes(warming_retry_after_s, clock)
+        self._wakes = WakeTimes(warming_retry_after_s, clock, wake_s)
         self._states: dict[str, HeadState] = {}
         self._loop = PeriodicLoop(
             self._poll,

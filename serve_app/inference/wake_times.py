@@ -4,15 +4,16 @@ A fixed ``Retry-After: 10`` sent a client honouring it back eight to eleven time
 one wake of the 1.5B tool model (80-110 s on two cores): each retry was another 503 and
 another request through the limits. Each gateway replica instead times the wakes it sees
 (from the first sign of the wake, a sleeping head called or seen starting, to the head
-answering) and answers with what is left of the last wake's time, with a margin. A head
-never seen waking gets the configured default (the first wake of each replica).
+answering) and answers with what is left of the last wake's time, with a margin. Before
+a replica has timed a head's wake it starts from the catalog's measured ``wake_s`` of the
+model, and a head with neither gets the configured default.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 MARGIN = 1.2
 """The last wake's time times this: a wake slowed a little (a busy box, an eviction first)
@@ -24,11 +25,17 @@ OVERDUE_S = 5
 class WakeTimes:
     """The wakes this replica has seen, per model id."""
 
-    def __init__(self, default_s: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        default_s: int,
+        clock: Callable[[], float] = time.monotonic,
+        declared: Mapping[str, float] | None = None,
+    ) -> None:
+        """``declared``: head id -> its catalog ``wake_s``, the estimate before a timed wake."""
         self._default = default_s
         self._clock = clock
         self._started: dict[str, float] = {}
-        self._took: dict[str, float] = {}
+        self._took: dict[str, float] = dict(declared or {})
 
     def began(self, model_id: str) -> None:
         """The head is waking (called while asleep, or seen starting); the first sign counts."""
@@ -45,7 +52,7 @@ class WakeTimes:
         self._started.pop(model_id, None)
 
     def expected_s(self, model_id: str) -> float | None:
-        """The last timed wake of ``model_id``, or None before its first."""
+        """The last timed wake of ``model_id`` (its declared one before), or None."""
         return self._took.get(model_id)
 
     def retry_after_s(self, model_id: str) -> int:

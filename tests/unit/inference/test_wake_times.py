@@ -47,6 +47,21 @@ def test_a_head_never_seen_waking_gets_the_default() -> None:
     assert wakes.expected_s("m") is None
 
 
+def test_the_catalogs_wake_time_answers_until_one_is_timed() -> None:
+    """A replica's first sight of a wake says the measured ``wake_s`` (one 503 per wake
+    for a client honouring it, not one per default 10 s); its own timing then replaces it."""
+    clock = Clock()
+    wakes = WakeTimes(10, clock, {"m": 90.0})
+    wakes.began("m")
+    assert wakes.retry_after_s("m") == 108
+    assert wakes.retry_after_s("other") == 10
+    clock.now += 40
+    assert wakes.retry_after_s("m") == 68
+    wakes.ended("m")
+    wakes.began("m")
+    assert wakes.retry_after_s("m") == 48  # this replica's own 40 s now
+
+
 def test_later_wakes_get_what_is_left_of_the_last_one() -> None:
     clock = Clock()
     wakes = WakeTimes(10, clock)
