@@ -514,6 +514,17 @@ def budget_keeper(
     )
 
 
+def declared_wake_s(config: GatewayAppArgs) -> dict[str, float]:
+    """Head id -> the catalog's measured ``wake_s`` of its model (an adapter head wakes
+    like its base): ``Retry-After`` before a replica has timed a wake of its own."""
+    return {
+        head: m.wake_s
+        for m in config.catalog
+        if m.wake_s is not None
+        for head in m.head_deployments()
+    }
+
+
 def bound_deployments(config: GatewayAppArgs, handles: Mapping[str, Any]) -> dict[str, str]:
     """Head id -> Serve deployment name of the heads bound here: a model's own head, and its
     adapter head where it has one."""
@@ -553,12 +564,7 @@ async def build_replica(
             {m: h for m, h in handles.items() if m in deployments}, gate=keeper.make_room
         ),
         on_use=keeper.note_use,
-        wake_s={
-            head: m.wake_s
-            for m in config.catalog
-            if m.wake_s is not None
-            for head in m.head_deployments()
-        },
+        wake_s=declared_wake_s(config),
     )
     dedicated_backend = None
     if config.dedicated.enabled:
