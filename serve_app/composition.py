@@ -79,7 +79,7 @@ from serve_app.inference.documents.service import DocumentPolicy, DocumentServic
 from serve_app.inference.embeddings.service import EmbeddingPolicy, EmbeddingService
 from serve_app.inference.images import ImagePolicy
 from serve_app.inference.metering import Metering, build_metering
-from serve_app.inference.readiness import READY, WARMING, HeadReadiness, serve_status_source
+from serve_app.inference.readiness import HOLDING_MEMORY, HeadReadiness, serve_status_source
 from serve_app.inference.responses.service import ResponsesService
 from serve_app.inference.video.service import VideoService
 from serve_app.jobs.store import JobStore
@@ -490,7 +490,7 @@ def budget_keeper(
     metrics = GatewayMetrics()
 
     def awake() -> list[str]:
-        return [m for m, s in status().items() if s.state in (READY, WARMING)]
+        return [m for m, s in status().items() if s.state in HOLDING_MEMORY]
 
     budget = settings.resolved_memory_budget_gib()
     catalog = [m for m in config.catalog if m.id in deployments]
@@ -557,15 +557,16 @@ async def build_replica(
     database = Database.from_settings(settings)
     database.migrate()
     keeper = budget_keeper(config, app_name, deployments, database, settings)
+    waker = HeadWaker({m: h for m, h in handles.items() if m in deployments}, gate=keeper.make_room)
     readiness = HeadReadiness(
         serve_status_source(app_name, deployments),
         config.readiness_refresh_s,
-        waker=HeadWaker(
-            {m: h for m, h in handles.items() if m in deployments}, gate=keeper.make_room
-        ),
+        waker=waker,
         on_use=keeper.note_use,
         wake_s=declared_wake_s(config),
+        room_s=keeper.room_wait_s,
     )
+    waker.on_sent = readiness.wake_sent
     dedicated_backend = None
     if config.dedicated.enabled:
         from deployments.dedicated_head import DedicatedHead  # only a Serve replica needs it

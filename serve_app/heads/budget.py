@@ -171,6 +171,15 @@ class BudgetKeeper:
         self._on_evict = on_evict
         self._memory = _Memory()
 
+    def room_wait_s(self, target: str, awake: Iterable[str]) -> float:
+        """What making room will add to ``target``'s wake, as ``Retry-After`` tells a
+        client: 0 when it fits beside ``awake`` (the heads holding replicas now), else the
+        wait for Serve to take the chosen heads down (``refused_after_s``: 33.7 s measured
+        for a head called just before its order)."""
+        needed = self.heads[target].memory_gib if target in self.heads else 0.0
+        held = sum(self.heads[m].memory_gib for m in set(awake) if m != target and m in self.heads)
+        return 0.0 if held + needed <= self.budget_gib else self._timing.refused_after_s
+
     def note_use(self, model_id: str) -> None:
         """A call to ``model_id``'s head was just accepted (the LRU order's input)."""
         self._memory.last_use[model_id] = self._clock()

@@ -32,10 +32,14 @@ class HeadWaker:
         handles: Mapping[str, Any],
         bound_s: float = WAKE_BOUND_S,
         gate: Callable[[str], Awaitable[bool]] | None = None,
+        on_sent: Callable[[str], None] | None = None,
     ) -> None:
+        """``gate``: awaited before a wake (the memory budget making room); ``on_sent``:
+        told when the wake call goes out (the wake's own time starts there)."""
         self._handles = handles
         self._bound_s = bound_s
         self._gate = gate
+        self.on_sent = on_sent
         self._pending: dict[str, asyncio.Task[None]] = {}
 
     def __call__(self, model_id: str) -> None:
@@ -50,6 +54,8 @@ class HeadWaker:
             return
         started = time.monotonic()
         logger.info("waking head %s", model_id)
+        if self.on_sent is not None:
+            self.on_sent(model_id)
         response = self._handles[model_id].wake.remote()
         try:
             await asyncio.wait_for(response, self._bound_s)

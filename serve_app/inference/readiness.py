@@ -33,6 +33,13 @@ WARMING = "warming"
 READY = "ready"
 FAILED = "failed"
 ASLEEP = "asleep"
+STOPPING = "stopping"
+"""Serve is taking the head's last replica down (scaled to zero while idle, or put to sleep
+for another head): no replica takes calls, and it still holds its memory. A call then wakes
+it again as it would a sleeping head (it was reported "waking", and its callers waited a
+whole wake time for a head nobody had asked to wake)."""
+HOLDING_MEMORY = frozenset({WARMING, READY, STOPPING})
+"""States in which a head holds (or is about to hold) its memory: what the budget counts."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,8 @@ def _classify(dep: dict[str, Any] | None) -> HeadState:
         return HeadState(FAILED, serve_name(dep.get("message"))[:200])
     if "HEALTHY" in status and not replicas:
         return HeadState(ASLEEP, "scaled to zero while idle")
+    if replicas and set(replicas) == {"STOPPING"}:
+        return HeadState(STOPPING, status)
     return HeadState(WARMING, status)
 
 
@@ -106,16 +115,19 @@ class HeadReadiness:
         on_use: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wake_s: Mapping[str, float] | None = None,
+        room_s: Callable[[str, set[str]], float] | None = None,
     ) -> None:
         """``on_use``: told of every accepted call (the memory budget's last-use order).
         ``warming_retry_after_s``: ``Retry-After`` for a head this replica has not yet seen
         wake and the catalog gives no ``wake_s`` for (head id -> seconds, ``wake_s``);
-        later ones say what is left of its last wake (``WakeTimes``)."""
+        later ones say what is left of its last wake (``WakeTimes``); ``room_s(model,
+        heads holding memory)``: what making room for its wake adds (the budget keeper)."""
         self._source = source
         self._waker = waker
         self._on_use = on_use
         self._refresh_s = refresh_s
-        self._wakes = WakeTimes(warming_retry_after_s, clock, wake_s)
+        self._wakes = WakeTimes(warming_retry_after_s, clock, wake_s, lag_s=refresh_s)
+        self._room_s = room_s
         self._states: dict[str, HeadState] = {}
         self._loop = PeriodicLoop(
             self._poll,
@@ -147,17 +159,28 @@ class HeadReadiness:
         state = self._states.get(model_id)
         if state is None or state.state == READY:
             return  # unknown yet: let the call try rather than refuse it
-        if state.state == ASLEEP:
+        if state.state in (ASLEEP, STOPPING):
             if self._waker is None:
                 return  # nothing to wake it with: the call itself boots a replica
-            self._waker(model_id)
             self._wakes.began(model_id)
-            raise model_warming(model_id, self._wakes.retry_after_s(model_id))
+            self._waker(model_id)
+            raise model_warming(model_id, self._retry_after_s(model_id))
         if state.state == WARMING:
-            raise model_warming(model_id, self._wakes.retry_after_s(model_id))
+            raise model_warming(model_id, self._retry_after_s(model_id))
         raise ModelUnavailableError(
             f"Model '{model_id}' is unavailable ({state.detail or 'no healthy replica'})."
         )
+
+    def wake_sent(self, model_id: str) -> None:
+        """The waker sent ``model_id``'s wake call (room made): its own wake starts now."""
+        self._wakes.sent(model_id)
+
+    def _retry_after_s(self, model_id: str) -> int:
+        room = 0.0
+        if self._room_s is not None:
+            holding = {m for m, s in self._states.items() if s.state in HOLDING_MEMORY}
+            room = self._room_s(model_id, holding)
+        return self._wakes.retry_after_s(model_id, room)
 
     def _ensure_polling(self) -> None:
         self._loop.start()
@@ -190,15 +213,21 @@ class HeadReadiness:
         have woken it); one seen answering ended it; one that failed timed nothing."""
         for model_id, state in after.items():
             old = before.get(model_id)
-            if state.state == WARMING and old is not None and old.state == ASLEEP:
-                self._wakes.began(model_id)
+            if state.state == WARMING and old is not None and old.state in (ASLEEP, STOPPING):
+                self._wakes.sent(model_id)
             elif state.state == READY:
                 self._wakes.ended(model_id)
             elif state.state == FAILED:
                 self._wakes.forget(model_id)
 
 
-_WORDS = {READY: "awake", ASLEEP: "asleep", WARMING: "waking", FAILED: "failed"}
+_WORDS = {
+    READY: "awake",
+    ASLEEP: "asleep",
+    STOPPING: "going to sleep",
+    WARMING: "waking",
+    FAILED: "failed",
+}
 
 
 def describe(state: HeadState) -> str:

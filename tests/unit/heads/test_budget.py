@@ -285,3 +285,13 @@ def test_budget_heads_from_the_catalog() -> None:
 @pytest.fixture(autouse=True)
 def _no_lease_left() -> None:
     Lease.holder = None
+
+
+def test_the_room_wait_is_told_only_when_the_head_does_not_fit() -> None:
+    """What ``Retry-After`` adds for making room: nothing when the head fits beside the
+    heads holding memory, else the wait for Serve to take them down."""
+    orders, clock = Orders(), Clock()
+    k = keeper(Serve(set(), orders), orders, clock, budget=10)
+    assert k.room_wait_s("tools", {"chat", "embed"}) == 0  # 2.5 + 1.5 + 6 = 10
+    assert k.room_wait_s("tools", {"chat", "vision", "tools"}) == 10  # refused_after_s
+    assert k.room_wait_s("unknown", {"chat", "vision"}) == 0

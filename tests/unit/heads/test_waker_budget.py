@@ -84,11 +84,13 @@ async def test_the_wake_call_goes_only_once_there_is_room(
 ) -> None:
     orders, handle = _Orders(), _Handle()
     keeper = _keeper({"chat", "embed"}, orders, budget)
-    waker = HeadWaker({"tools": handle}, bound_s=5, gate=keeper.make_room)
+    sent: list[str] = []
+    waker = HeadWaker({"tools": handle}, bound_s=5, gate=keeper.make_room, on_sent=sent.append)
     waker("tools")
     await _attempt_ended(waker, "tools")
     assert handle.calls == wakes
     assert orders.ordered == evicted
+    assert sent == ["tools"] * wakes  # the wake's own time starts only when it is sent
 
 
 async def test_a_failing_gate_keeps_the_head_asleep() -> None:

@@ -16,6 +16,7 @@ from serve_app.inference.readiness import (
     ASLEEP,
     FAILED,
     READY,
+    STOPPING,
     WARMING,
     HeadReadiness,
     HeadState,
@@ -48,7 +49,8 @@ def test_classify_serve_deployment_states() -> None:
     assert _classify(_dep("DeploymentStatus.DEPLOY_FAILED")).state == FAILED
     assert _classify(_dep("UNHEALTHY", STARTING=1)).state == FAILED
     assert _classify(_dep("HEALTHY")).state == ASLEEP  # scaled to zero while idle
-    assert _classify(_dep("HEALTHY", STOPPING=1)).state == WARMING  # going to sleep
+    assert _classify(_dep("DOWNSCALING", STOPPING=1)).state == STOPPING  # going to sleep
+    assert _classify(_dep("UPDATING", STOPPING=1, STARTING=1)).state == WARMING  # replaced
 
 
 def test_classify_reads_serves_enums() -> None:

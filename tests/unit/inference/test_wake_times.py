@@ -1,12 +1,19 @@
-"""``Retry-After`` on ``model_warming`` says what is left of the head's last wake
+"""``Retry-After`` on ``model_warming`` says what is left of the head's slowest recent wake
 (serve_app/inference/wake_times.py), on an injected clock."""
 
 from __future__ import annotations
 
 import pytest
 
-from serve_app.inference.readiness import ASLEEP, READY, WARMING, HeadReadiness, HeadState
-from serve_app.inference.wake_times import MARGIN, OVERDUE_S, WakeTimes
+from serve_app.inference.readiness import (
+    ASLEEP,
+    READY,
+    STOPPING,
+    WARMING,
+    HeadReadiness,
+    HeadState,
+)
+from serve_app.inference.wake_times import OVERDUE_S, TIMED_MARGIN, WakeTimes
 from serve_app.protocol.errors import ModelUnavailableError
 from tests.fixtures.waiting import until
 
@@ -59,7 +66,7 @@ def test_the_catalogs_wake_time_answers_until_one_is_timed() -> None:
     assert wakes.retry_after_s("m") == 68
     wakes.ended("m")
     wakes.began("m")
-    assert wakes.retry_after_s("m") == 48  # this replica's own 40 s now
+    assert wakes.retry_after_s("m") == 60  # this replica's own 40 s now, x 1.5
 
 
 def test_later_wakes_get_what_is_left_of_the_last_one() -> None:
@@ -71,11 +78,11 @@ def test_later_wakes_get_what_is_left_of_the_last_one() -> None:
     assert wakes.expected_s("m") == 50
     clock.now += 600  # asleep again, then called
     wakes.began("m")
-    assert wakes.retry_after_s("m") == round(50 * MARGIN)
+    assert wakes.retry_after_s("m") == round(50 * TIMED_MARGIN)
     clock.now += 30
-    assert wakes.retry_after_s("m") == round(50 * MARGIN) - 30
+    assert wakes.retry_after_s("m") == round(50 * TIMED_MARGIN) - 30
     wakes.began("m")  # a second sign of the same wake does not restart it
-    assert wakes.retry_after_s("m") == round(50 * MARGIN) - 30
+    assert wakes.retry_after_s("m") == round(50 * TIMED_MARGIN) - 30
     clock.now += 60  # past the expected time: polled, not guessed
     assert wakes.retry_after_s("m") == OVERDUE_S
 
@@ -100,8 +107,8 @@ def test_each_model_has_its_own_time() -> None:
         wakes.ended(model)
     wakes.began("a")
     wakes.began("b")
-    assert wakes.retry_after_s("a") == 24
-    assert wakes.retry_after_s("b") == 120
+    assert wakes.retry_after_s("a") == 30
+    assert wakes.retry_after_s("b") == 150
 
 
 async def test_readiness_times_a_wake_and_says_it_on_the_next() -> None:
@@ -129,13 +136,15 @@ async def test_readiness_times_a_wake_and_says_it_on_the_next() -> None:
     clock.now += 900
     with pytest.raises(ModelUnavailableError) as second:
         readiness.check("s")
-    assert second.value.headers == {"Retry-After": str(round(80 * MARGIN))}
+    assert second.value.headers == {
+        "Retry-After": str(round(80 * TIMED_MARGIN) + 1)
+    }  # + the poll's lag
     status.set(HeadState(WARMING, "UPSCALING"))
     await status.next_poll()
     clock.now += 40
     with pytest.raises(ModelUnavailableError) as later:
         readiness.check("s")
-    assert later.value.headers == {"Retry-After": str(round(80 * MARGIN) - 40)}
+    assert later.value.headers == {"Retry-After": str(round(80 * TIMED_MARGIN) + 1 - 40)}
 
 
 async def test_a_wake_started_by_another_replica_is_timed_from_when_it_is_seen() -> None:
@@ -150,3 +159,69 @@ async def test_a_wake_started_by_another_replica_is_timed_from_when_it_is_seen()
     clock.now += 30
     readiness.note_answering("s")
     assert readiness._wakes.expected_s("s") == 30
+
+
+def test_room_made_first_is_told_and_not_counted_as_the_heads_wake() -> None:
+    """A wake that must wait for room: the first 503 asks for the room's wait plus the
+    wake; once the wake is sent, what is left of the wake alone; the head's own time is
+    timed from the sending."""
+    clock = Clock()
+    wakes = WakeTimes(10, clock, {"m": 50.0})
+    wakes.began("m")
+    assert wakes.retry_after_s("m", room_s=45.0) == 45 + 60
+    clock.now += 40  # room made
+    wakes.sent("m")
+    assert wakes.retry_after_s("m", room_s=45.0) == 60
+    clock.now += 55
+    wakes.ended("m")
+    assert wakes.expected_s("m") == 55
+    assert WakeTimes(10, clock).retry_after_s("x", room_s=45.0) == 55  # default + room
+
+
+async def test_a_head_going_to_sleep_is_woken_by_a_call_and_the_room_wait_told() -> None:
+    """A call finding the head's last replica stopping wakes it as it would a sleeping
+    head (it was reported "waking" and nobody woke it); ``Retry-After`` adds the room
+    the keeper says it must make; the wake is timed from the waker's sending."""
+    clock = Clock()
+    status = Status()
+    woken: list[str] = []
+    rooms: list[tuple[str, set[str]]] = []
+
+    def room_s(model: str, holding: set[str]) -> float:
+        rooms.append((model, holding))
+        return 30.0
+
+    readiness = HeadReadiness(
+        status,
+        refresh_s=0.01,
+        waker=woken.append,
+        clock=clock,
+        wake_s={"s": 20.0},
+        room_s=room_s,
+    )
+    readiness.check("s")
+    status.set(HeadState(STOPPING, "DOWNSCALING"))
+    await status.next_poll()
+    with pytest.raises(ModelUnavailableError) as first:
+        readiness.check("s")
+    assert woken == ["s"]
+    assert rooms == [("s", {"s"})]  # a stopping head still holds its memory
+    assert first.value.headers == {"Retry-After": str(30 + 24 + 1)}  # + the poll's lag
+    clock.now += 30
+    readiness.wake_sent("s")
+    clock.now += 10
+    with pytest.raises(ModelUnavailableError) as later:
+        readiness.check("s")
+    assert later.value.headers == {"Retry-After": "15"}
+
+
+def test_the_slowest_of_the_last_wakes_counts() -> None:
+    """Wakes vary (39 then 58 s for one head on the shared box): the slowest of the last
+    three sets the estimate, so one quick wake does not send the next client back early."""
+    clock = Clock()
+    wakes = WakeTimes(10, clock)
+    for took in (58.0, 39.0, 40.0, 41.0):
+        wakes.began("m")
+        clock.now += took
+        wakes.ended("m")
+        assert wakes.expected_s("m") == (58.0 if took != 41.0 else 41.0)
