@@ -228,6 +228,14 @@ class BudgetKeeper:
                 self._memory.ordered_at.pop(target, None)
                 return True
             if decision.verdict is Verdict.NO_ROOM:
+                if self._only_busy_in_the_way(target, awake):
+                    # A head just called (or with a call in flight) will be idle soon:
+                    # wait for it here rather than leave the wake to the caller's retry,
+                    # which Retry-After sends back only after the whole expected wake.
+                    await self._sleep(self._timing.poll_s)
+                    if self._lease is not None:
+                        await asyncio.to_thread(self._lease.acquire)
+                    continue
                 logger.warning(
                     "head %s (%.1f GiB) does not fit: %.1f GiB awake, budget %.1f GiB, "
                     "nothing idle to put to sleep",
@@ -243,6 +251,11 @@ class BudgetKeeper:
             if self._lease is not None:  # renew while waiting for Serve to take them down
                 await asyncio.to_thread(self._lease.acquire)
         return None
+
+    def _only_busy_in_the_way(self, target: str, awake: set[str]) -> bool:
+        """Whether ``target`` would fit if the heads now busy were idle."""
+        plan = plan_room(target, self.heads, awake, (), self._memory.last_use, self.budget_gib)
+        return plan.verdict is not Verdict.NO_ROOM
 
     def _busy(self, awake: set[str]) -> set[str]:
         """Heads not to choose: called very recently here, or still up long after an order."""

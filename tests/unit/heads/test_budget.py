@@ -172,13 +172,28 @@ def test_keeper_skips_a_head_that_refuses_and_takes_the_next() -> None:
     assert serve.awake == {"chat", "vision", "speech"}
 
 
-def test_recently_used_head_is_busy_and_nothing_freeable_answers_false() -> None:
+def test_a_head_in_use_is_waited_for_then_put_to_sleep() -> None:
+    """The only head that could make room was just called: the keeper waits until it is
+    idle (``recent_use_s``), then orders it to sleep; the caller does not have to come back
+    to start the wake (it did, after a whole Retry-After: the tool model's first call on
+    the 8G every-route run took 295 s and 4 503s)."""
     orders, clock = Orders(), Clock()
     serve = Serve({"chat", "vision"}, orders)
     k = keeper(serve, orders, clock, budget=9)
     k.note_use("vision")  # in use right now
+    started = clock.now
+    assert asyncio.run(k.make_room("tools"))
+    assert orders.ordered == [("vision", "tools")]
+    assert 5 <= clock.now - started < 10  # recent_use_s, then one poll
+
+
+def test_nothing_freeable_even_when_idle_answers_false_at_once() -> None:
+    orders, clock = Orders(), Clock()
+    serve = Serve({"chat"}, orders)
+    k = keeper(serve, orders, clock, budget=7)  # chat (2.5, never evicted) + tools 6
+    started = clock.now
     assert not asyncio.run(k.make_room("tools"))
-    assert orders.ordered == []
+    assert orders.ordered == [] and clock.now == started
 
 
 def test_one_decision_at_a_time_across_replicas() -> None:
