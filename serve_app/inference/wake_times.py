@@ -18,7 +18,7 @@ the head answers, instead of once when it should have and again every 5 s after.
 On the shared two-core box one head's wakes varied 1.5-2x from one to the next (the
 embeddings head 39 then 58 s, as other heads loaded beside it), so a timed wake gets a
 margin of a half and the slowest of the last ``HISTORY`` counts; the catalog's figures,
-measured on a busy box already, a fifth.
+the slowest wake of each head seen over two rounds of every route, a fifth.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 TIMED_MARGIN = 1.5
 """A wake this replica timed, times this (wakes vary 1.5-2x on a busy two-core box)."""
 DECLARED_MARGIN = 1.2
-"""The catalog's ``wake_s`` times this (measured on a busy box: slow already)."""
+"""The catalog's ``wake_s`` times this (the slowest wake seen already)."""
 HISTORY = 3
 """Timed wakes kept per head; the slowest counts."""
 OVERDUE_S = 5
