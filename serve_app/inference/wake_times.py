@@ -30,6 +30,10 @@ from collections.abc import Callable, Mapping
 
 TIMED_MARGIN = 1.5
 """A wake this replica timed, times this (wakes vary 1.5-2x on a busy two-core box)."""
+TIMED_SLACK_S = 10.0
+"""Added to a timed wake: a small head's wake is mostly Serve starting its replica actor,
+which took 3 s once and 15 s the next (piper, 8G every-route run): without it each such
+wake cost two or three 503s."""
 DECLARED_MARGIN = 1.2
 """The catalog's ``wake_s`` times this (the slowest wake seen already)."""
 HISTORY = 3
@@ -92,7 +96,7 @@ class WakeTimes:
     def _with_margin(self, model_id: str) -> float | None:
         timed = self._took.get(model_id)
         if timed:
-            return max(timed) * TIMED_MARGIN
+            return max(timed) * TIMED_MARGIN + TIMED_SLACK_S
         declared = self._declared.get(model_id)
         return declared * DECLARED_MARGIN if declared is not None else None
 

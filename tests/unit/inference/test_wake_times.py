@@ -13,7 +13,7 @@ from serve_app.inference.readiness import (
     HeadReadiness,
     HeadState,
 )
-from serve_app.inference.wake_times import OVERDUE_S, TIMED_MARGIN, WakeTimes
+from serve_app.inference.wake_times import OVERDUE_S, TIMED_MARGIN, TIMED_SLACK_S, WakeTimes
 from serve_app.protocol.errors import ModelUnavailableError
 from tests.fixtures.waiting import until
 
@@ -66,7 +66,7 @@ def test_the_catalogs_wake_time_answers_until_one_is_timed() -> None:
     assert wakes.retry_after_s("m") == 68
     wakes.ended("m")
     wakes.began("m")
-    assert wakes.retry_after_s("m") == 60  # this replica's own 40 s now, x 1.5
+    assert wakes.retry_after_s("m") == 70  # this replica's own 40 s now, x 1.5 + 10
 
 
 def test_later_wakes_get_what_is_left_of_the_last_one() -> None:
@@ -78,11 +78,11 @@ def test_later_wakes_get_what_is_left_of_the_last_one() -> None:
     assert wakes.expected_s("m") == 50
     clock.now += 600  # asleep again, then called
     wakes.began("m")
-    assert wakes.retry_after_s("m") == round(50 * TIMED_MARGIN)
+    assert wakes.retry_after_s("m") == round(50 * TIMED_MARGIN + TIMED_SLACK_S)
     clock.now += 30
-    assert wakes.retry_after_s("m") == round(50 * TIMED_MARGIN) - 30
+    assert wakes.retry_after_s("m") == round(50 * TIMED_MARGIN + TIMED_SLACK_S) - 30
     wakes.began("m")  # a second sign of the same wake does not restart it
-    assert wakes.retry_after_s("m") == round(50 * TIMED_MARGIN) - 30
+    assert wakes.retry_after_s("m") == round(50 * TIMED_MARGIN + TIMED_SLACK_S) - 30
     clock.now += 60  # past the expected time: polled, not guessed
     assert wakes.retry_after_s("m") == OVERDUE_S
 
@@ -107,8 +107,8 @@ def test_each_model_has_its_own_time() -> None:
         wakes.ended(model)
     wakes.began("a")
     wakes.began("b")
-    assert wakes.retry_after_s("a") == 30
-    assert wakes.retry_after_s("b") == 150
+    assert wakes.retry_after_s("a") == 40
+    assert wakes.retry_after_s("b") == 160
 
 
 async def test_readiness_times_a_wake_and_says_it_on_the_next() -> None:
@@ -137,14 +137,16 @@ async def test_readiness_times_a_wake_and_says_it_on_the_next() -> None:
     with pytest.raises(ModelUnavailableError) as second:
         readiness.check("s")
     assert second.value.headers == {
-        "Retry-After": str(round(80 * TIMED_MARGIN) + 1)
+        "Retry-After": str(round(80 * TIMED_MARGIN + TIMED_SLACK_S) + 1)
     }  # + the poll's lag
     status.set(HeadState(WARMING, "UPSCALING"))
     await status.next_poll()
     clock.now += 40
     with pytest.raises(ModelUnavailableError) as later:
         readiness.check("s")
-    assert later.value.headers == {"Retry-After": str(round(80 * TIMED_MARGIN) + 1 - 40)}
+    assert later.value.headers == {
+        "Retry-After": str(round(80 * TIMED_MARGIN + TIMED_SLACK_S) + 1 - 40)
+    }
 
 
 async def test_a_wake_started_by_another_replica_is_timed_from_when_it_is_seen() -> None:
