@@ -176,9 +176,8 @@ class BudgetKeeper:
         client: 0 when it fits beside ``awake`` (the heads holding replicas now), else the
         wait for Serve to take the chosen heads down (``refused_after_s``: 33.7 s measured
         for a head called just before its order)."""
-        needed = self.heads[target].memory_gib if target in self.heads else 0.0
-        held = sum(self.heads[m].memory_gib for m in set(awake) if m != target and m in self.heads)
-        return 0.0 if held + needed <= self.budget_gib else self._timing.refused_after_s
+        plan = plan_room(target, self.heads, awake, (), {}, self.budget_gib)
+        return 0.0 if plan.verdict is Verdict.WAKE else self._timing.refused_after_s
 
     def note_use(self, model_id: str) -> None:
         """A call to ``model_id``'s head was just accepted (the LRU order's input)."""
