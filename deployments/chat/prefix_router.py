@@ -7,8 +7,11 @@ multiplexing for adapters, and the clean-up of a dead or removed replica's entri
 (``on_replica_actor_died``, ``update_replicas``). Its text extraction reads ``messages`` or
 ``prompt`` attributes of an argument; a chat head's argument is a ``HeadRequest``
 (``serve_app.contract.chat``), whose prompts are a list of ``PromptSpec``. This subclass
-changes only that extraction (``routing_text``) and maps the catalog's settings onto the
-router's (``router_kwargs``).
+changes that extraction (``routing_text``), maps the catalog's settings onto the router's
+(``router_kwargs``), and replaces the one decision Ray gets wrong for agent traffic (where a
+new conversation goes, and whose queue the imbalance margin is measured on:
+``ChatPrefixRouter._prefix_match_best_replicas``); the tree, the adapter and locality
+filtering and the replica bookkeeping stay Ray's.
 
 Why the messages' text and not the rendered prompt: the gateway never renders (the head
 does, with the model's tokenizer), so no rendered text reaches the router. The chat
@@ -160,6 +163,7 @@ class ChatPrefixRouter(PrefixCacheAffinityRouter):
             controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
             ray.get(controller._register_shutdown_cleanup_actor.remote(tree_actor))
         super().initialize_state(tree_actor=tree_actor, **kwargs)
+        self._turn = 0  # rotates ties among new conversations (_prefix_match_best_replicas)
 
     def _extract_text_from_request(self, pending_request: PendingRequest) -> str:
         for arg in pending_request.args:
@@ -172,9 +176,63 @@ class ChatPrefixRouter(PrefixCacheAffinityRouter):
     async def _prefix_match_best_replicas(
         self, pending_request: PendingRequest | None, candidate_replicas: list[Any]
     ) -> list[Any]:
-        if pending_request is None or not self._extract_text_from_request(pending_request):
-            return [[]]  # the parent divides by the text's length
-        return await super()._prefix_match_best_replicas(pending_request, candidate_replicas)
+        """The replicas to try first: those holding the longest prefix, unless their queue is
+        longer than the shortest by more than the margin; else the least loaded.
+
+        Ray's version differs in two ways that cost an agent trace its cache (issue 43's
+        bench: a 0.70 hit rate where perfect affinity gives ~0.8). (1) It ignores the prefix
+        whenever *any* two replicas' queues differ by more than the margin, even when the
+        replica holding the prefix is the shorter one; the margin belongs to the holder.
+        (2) A new conversation (under 10% matched) goes to the replica with the least text
+        remembered: a sum of history, not load, and inserts land only after a request is
+        accepted, so a burst of new conversations all sees the same "smallest" replica and
+        piles onto it, after which the margin sends their next turns elsewhere (misses).
+        Here a new conversation goes to the shortest queue (Serve's cache counts requests as
+        they are sent), ties taken in turn, so a burst spreads evenly.
+        """
+        text = self._extract_text_from_request(pending_request) if pending_request else ""
+        if not text or not candidate_replicas:
+            return [[]]  # not a generation: the parent's default choice
+        queues = await self._queue_lens(candidate_replicas)
+        shortest = min(queues.values(), default=0)
+        ids = [r.replica_id.to_full_id_str() for r in candidate_replicas]
+        # Awaited, not ``ray.get`` as Ray does: the router's loop keeps routing meanwhile.
+        matched, holders = await self._tree_actor.prefix_match.remote(text, ids)
+        threshold = self._match_rate_threshold or 0.0
+        margin = self._imbalanced_threshold if self._imbalanced_threshold is not None else 0.0
+        if holders and len(matched) / len(text) >= threshold:
+            within = [
+                r
+                for r in candidate_replicas
+                if r.replica_id.to_full_id_str() in holders
+                and r.replica_id in queues
+                and queues[r.replica_id] - shortest <= margin
+            ]
+            if within:
+                return [within]
+        self._turn = (self._turn + 1) % len(candidate_replicas)
+        return [candidate_replicas[self._turn :] + candidate_replicas[: self._turn]]
+
+    async def _queue_lens(self, replicas: list[Any]) -> dict[Any, int]:
+        """Each replica's queue length: Serve's cache (which counts a request as it is sent),
+        else a probe, as Ray's router reads them. A replica that does not answer is left out."""
+        queues: dict[Any, int] = {}
+        unknown = []
+        for r in replicas:
+            cached = (
+                self._replica_queue_len_cache.get(r.replica_id)
+                if self._use_replica_queue_len_cache
+                else None
+            )
+            if cached is None or cached >= r.max_ongoing_requests:
+                unknown.append(r)
+            else:
+                queues[r.replica_id] = cached
+        if unknown:
+            for r, queue in await self._probe_queue_lens(unknown, 0):
+                if queue is not None:
+                    queues[r.replica_id] = queue
+        return queues
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: Any, result: Any):  # type: ignore[no-untyped-def]
         """Record where the text went, without waiting for the tree: Ray's version blocks the

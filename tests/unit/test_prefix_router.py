@@ -1,9 +1,10 @@
 """The chat heads' prefix router (deployments/chat/prefix_router.py): its text, its
 namespaces, its choice among fake replicas, and its clean-up of dead ones.
 
-The router under test is Ray's real ``PrefixCacheAffinityRouter`` logic with Ray's real
-``PrefixTree``; only the tree's actor is replaced by the same tree in process (``LocalTree``)
-so no Ray cluster starts, and Ray's own ``FakeRunningReplica`` stands in for replicas.
+The router under test is Ray's real ``PrefixCacheAffinityRouter`` with its one decision
+replaced (where a request goes) and Ray's real ``PrefixTree``; only the tree's actor is
+replaced by the same tree in process (``LocalTree``) so no Ray cluster starts, and Ray's
+own ``FakeRunningReplica`` stands in for replicas.
 """
 
 from __future__ import annotations
@@ -205,6 +206,52 @@ def test_an_overloaded_affinity_replica_loses(make_router: Any) -> None:
     balanced, replicas = make_router({"r1": 0, "r2": 4}, imbalance=4)
     routed(balanced, turn(1), replicas["r2"])
     assert choose(balanced, turn(2)) == {"r2"}
+
+
+def test_the_margin_is_measured_on_the_holders_queue(make_router: Any) -> None:
+    # Ray's router drops the prefix whenever any two queues differ by more than the margin;
+    # here the holder is the short one, so its prefix still wins.
+    router, replicas = make_router({"r1": 0, "r2": 9}, imbalance=4)
+    routed(router, turn(1), replicas["r1"])
+    assert choose(router, turn(2)) == {"r1"}
+
+
+def first_choices(router: ChatPrefixRouter, requests: list[HeadRequest]) -> list[str]:
+    """The replica Serve would send each request to (the least loaded of the router's first
+    rank, ties to the first listed), requests taken one after another."""
+    chosen = []
+    for request in requests:
+        ranks: Any = router._event_loop.run_until_complete(
+            router.choose_replicas(list(router._replicas.values()), pending(request))
+        )
+        replica = router._event_loop.run_until_complete(
+            router._select_from_candidate_replicas(ranks[0], 0)
+        )
+        assert replica is not None
+        chosen.append(replica.replica_id.unique_id)
+    return chosen
+
+
+def new_conversation(i: int) -> HeadRequest:
+    system = f"You are agent {i}. " + "Answer briefly and call tools as JSON. " * 30
+    return chat_request([{"role": "system", "content": system}, {"role": "user", "content": "hi"}])
+
+
+def test_a_burst_of_new_conversations_spreads_evenly(make_router: Any) -> None:
+    # Equal queues (the burst is routed before any answer moves them) and a tree that has
+    # already seen r1 more: Ray's rule (least remembered text) would send all to r2.
+    router, replicas = make_router({"r1": 0, "r2": 0})
+    routed(router, turn(4), replicas["r1"])
+    chosen = first_choices(router, [new_conversation(i) for i in range(8)])
+    assert chosen.count("r1") == chosen.count("r2") == 4
+
+
+def test_a_new_conversation_goes_to_the_shortest_queue(make_router: Any) -> None:
+    router, replicas = make_router({"r1": 3, "r2": 0, "r3": 1})
+    router._replica_queue_len_cache.update(replicas["r1"].replica_id, 3)
+    router._replica_queue_len_cache.update(replicas["r2"].replica_id, 0)
+    router._replica_queue_len_cache.update(replicas["r3"].replica_id, 1)
+    assert first_choices(router, [new_conversation(i) for i in range(3)]) == ["r2"] * 3
 
 
 def test_a_dead_replica_leaves_the_tree(make_router: Any) -> None:
