@@ -567,6 +567,7 @@ async def build_replica(
         room_s=keeper.room_wait_s,
     )
     waker.on_sent = readiness.wake_sent
+    waker.on_awake = readiness.note_answering
     dedicated_backend = None
     if config.dedicated.enabled:
         from deployments.dedicated_head import DedicatedHead  # only a Serve replica needs it

@@ -33,13 +33,17 @@ class HeadWaker:
         bound_s: float = WAKE_BOUND_S,
         gate: Callable[[str], Awaitable[bool]] | None = None,
         on_sent: Callable[[str], None] | None = None,
+        on_awake: Callable[[str], None] | None = None,
     ) -> None:
         """``gate``: awaited before a wake (the memory budget making room); ``on_sent``:
-        told when the wake call goes out (the wake's own time starts there)."""
+        told when the wake call goes out (the wake's own time starts there); ``on_awake``:
+        told when it is answered, so the head counts as up at once rather than at the next
+        status poll (a caller retrying in between would get a second 503)."""
         self._handles = handles
         self._bound_s = bound_s
         self._gate = gate
         self.on_sent = on_sent
+        self.on_awake = on_awake
         self._pending: dict[str, asyncio.Task[None]] = {}
 
     def __call__(self, model_id: str) -> None:
@@ -64,6 +68,8 @@ class HeadWaker:
             logger.warning("head %s did not wake in %.0f s: %s", model_id, self._bound_s, err)
             return
         logger.info("head %s awake after %.1f s", model_id, time.monotonic() - started)
+        if self.on_awake is not None:
+            self.on_awake(model_id)
 
     async def _allowed(self, model_id: str) -> bool:
         """The gate's answer; a gate that fails keeps the head asleep (never an OOM kill)."""

@@ -176,6 +176,23 @@ async def test_the_waker_keeps_one_wake_call_per_head_in_flight() -> None:
     await until(lambda: len(handle.calls) == 2)
 
 
+async def test_a_head_whose_wake_call_was_answered_is_ready_before_the_next_poll() -> None:
+    # Seen in the 8G every-route run: the head answered its wake call, the caller's retry came
+    # before the next status poll, and got a second 503.
+    handle = _Handle()
+    readiness = HeadReadiness(lambda: {"s": HeadState(ASLEEP)}, refresh_s=3600)
+    waker = HeadWaker({"s": handle}, bound_s=5, on_awake=readiness.note_answering)
+    readiness._waker = waker
+    readiness.check("s")  # the first poll is started; nothing known yet
+    await until(lambda: "s" in readiness._states)
+    with pytest.raises(ModelUnavailableError):
+        readiness.check("s")  # asleep: 503 model_warming, wake call sent
+    await until(lambda: len(handle.calls) == 1)
+    handle.done.set()  # a replica is up and answered the wake call
+    await until(waker._pending["s"].done)
+    readiness.check("s")  # no 503, though no poll has run since
+
+
 async def test_a_wake_call_that_waits_too_long_is_cancelled() -> None:
     handle = _Handle()
     waker = HeadWaker({"s": handle}, bound_s=0.01)
