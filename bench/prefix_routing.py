@@ -141,6 +141,7 @@ class ModeFigures:
 
     def summary(self) -> dict[str, Any]:
         ttft = [t.ttft_s for t in self.turns]
+        later = [t.ttft_s for t in self.turns if t.reachable_tokens]  # a session's turns 2..
         prompt = sum(t.prompt_tokens for t in self.turns)
         cached = sum(t.cached_tokens for t in self.turns)
         reachable = sum(t.reachable_tokens for t in self.turns)
@@ -149,6 +150,7 @@ class ModeFigures:
             "requests": len(self.turns),
             "ttft_p50_ms": round(pct(ttft, 0.5) * 1000, 1),
             "ttft_p95_ms": round(pct(ttft, 0.95) * 1000, 1),
+            "ttft_p50_later_turns_ms": round(pct(later, 0.5) * 1000, 1) if later else None,
             "tokens_per_s": round(completion / self.wall_s, 2) if self.wall_s else 0.0,
             "tokens_per_s_rounds": [round(x, 2) for x in self.rounds_tps],
             "prompt_tokens": prompt,
@@ -285,13 +287,20 @@ def _compare(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
     p, q = summaries["prefix"], summaries["pow2"]
 
     def ratio(key: str) -> float | None:
-        return round(p[key] / q[key], 3) if q[key] else None
+        return round(p[key] / q[key], 3) if p[key] is not None and q[key] else None
 
     return {
         **summaries,
         "prefix_over_pow2": {
             k: ratio(k)
-            for k in ("ttft_p50_ms", "ttft_p95_ms", "tokens_per_s", "hit_rate", "affinity")
+            for k in (
+                "ttft_p50_ms",
+                "ttft_p95_ms",
+                "ttft_p50_later_turns_ms",
+                "tokens_per_s",
+                "hit_rate",
+                "affinity",
+            )
         },
     }
 

@@ -200,9 +200,9 @@ def test_base_and_adapter_requests_do_not_share_prefixes(make_router: Any) -> No
 def test_an_overloaded_affinity_replica_loses(make_router: Any) -> None:
     router, replicas = make_router({"r1": 0, "r2": 9}, imbalance=4)
     routed(router, turn(1), replicas["r2"])
-    # Imbalanced: the parent's power of two choices answers (both replicas, the
-    # shorter queue taken when sent), not the affinity replica alone.
-    assert choose(router, turn(2)) == {"r1", "r2"}
+    # The holder's queue is longer than the shortest by more than the margin: the least
+    # loaded replica wins.
+    assert choose(router, turn(2)) == {"r1"}
     balanced, replicas = make_router({"r1": 0, "r2": 4}, imbalance=4)
     routed(balanced, turn(1), replicas["r2"])
     assert choose(balanced, turn(2)) == {"r2"}
@@ -254,6 +254,38 @@ def test_a_new_conversation_goes_to_the_shortest_queue(make_router: Any) -> None
     assert first_choices(router, [new_conversation(i) for i in range(3)]) == ["r2"] * 3
 
 
+def test_a_turn_routed_by_another_gateway_replica_is_found_through_the_shared_tree(
+    make_router: Any,
+) -> None:
+    one, replicas = make_router({"r1": 0, "r2": 0})
+    other, _ = make_router({"r1": 0, "r2": 0})
+    other._tree_actor = one._tree_actor  # the deployment's one shared tree
+    routed(one, turn(1), replicas["r2"])
+    assert choose(other, turn(2)) == {"r2"}  # not in ``other``'s own copy: asked the actor
+    # A later turn through the same router is matched in its own copy, without the actor.
+    routed(other, turn(2), replicas["r2"])
+    other._tree_actor = None  # would raise if asked
+    assert choose(other, turn(3)) == {"r2"}
+
+
+def test_a_router_alone_does_not_ask_the_shared_tree_until_another_records(
+    make_router: Any,
+) -> None:
+    router, replicas = make_router({"r1": 0, "r2": 0})
+    shared = router._tree_actor
+    routed(router, turn(1), replicas["r2"])  # the shared tree answers: one router records
+    router._tree_actor = None  # would raise if asked
+    assert len(choose(router, new_conversation(1))) == 1  # decided from its own copy
+    other, _ = make_router({"r1": 0, "r2": 0})
+    other._tree_actor = shared
+    routed(other, turn(1, org="org_b"), replicas["r1"])
+    router._tree_actor = shared
+    routed(router, turn(2), replicas["r2"])  # this record's answer: two routers now
+    assert router._alone is False
+    routed(other, new_conversation(7), replicas["r1"])
+    assert choose(router, new_conversation(7)) == {"r1"}  # known only to the shared tree
+
+
 def test_a_dead_replica_leaves_the_tree(make_router: Any) -> None:
     router, replicas = make_router({"r1": 0, "r2": 0})
     routed(router, turn(1), replicas["r2"])
@@ -261,6 +293,7 @@ def test_a_dead_replica_leaves_the_tree(make_router: Any) -> None:
     assert r2 in tree_of(router).tenant_to_char_count
     router.on_replica_actor_died(replicas["r2"].replica_id)
     assert r2 not in tree_of(router).tenant_to_char_count
+    assert r2 not in router._local.tenant_to_char_count
     assert choose(router, turn(2)) <= {"r1"}
 
 
@@ -268,7 +301,9 @@ def test_a_removed_replica_leaves_the_tree(make_router: Any) -> None:
     router, replicas = make_router({"r1": 0, "r2": 0, "r3": 0})
     routed(router, turn(1), replicas["r3"])
     router.update_replicas([replicas["r1"], replicas["r2"]])  # scaled down
-    assert replicas["r3"].replica_id.to_full_id_str() not in tree_of(router).tenant_to_char_count
+    r3 = replicas["r3"].replica_id.to_full_id_str()
+    assert r3 not in tree_of(router).tenant_to_char_count
+    assert r3 not in router._local.tenant_to_char_count
     assert "r3" not in choose(router, turn(2))
 
 
