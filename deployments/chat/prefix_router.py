@@ -188,12 +188,9 @@ class ChatPrefixRouter(PrefixCacheAffinityRouter):
         self._local = FastPrefixTree()
         self._router_id = uuid.uuid4().hex
         self._alone = False  # until the shared tree says no other router records
-        if self._do_eviction:
-            self._local.start_eviction_loop(
-                self._eviction_threshold_chars,
-                self._eviction_target_chars,
-                self._eviction_interval_secs,
-            )
+        threshold, target = self._eviction_threshold_chars, self._eviction_target_chars
+        if self._do_eviction and threshold is not None and target is not None:
+            self._local.start_eviction_loop(threshold, target, self._eviction_interval_secs or 10)
 
     def update_replicas(self, replicas: list[Any]) -> None:
         """Ray's bookkeeping (the shared tree's tenants), and the same in the local copy."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from typing import Any
 
 import pytest
@@ -284,6 +285,33 @@ def test_a_router_alone_does_not_ask_the_shared_tree_until_another_records(
     assert router._alone is False
     routed(other, new_conversation(7), replicas["r1"])
     assert choose(router, new_conversation(7)) == {"r1"}  # known only to the shared tree
+
+
+def test_the_routers_own_copy_forgets_its_oldest_text_as_the_shared_tree_does(
+    make_router: Any,
+) -> None:
+    router, replicas = make_router({"r1": 0, "r2": 0})
+    # The catalog's eviction settings, as the builder passes them, on a 5,000-character bound.
+    kwargs = router_kwargs(4, 5_000) | {"eviction_interval_secs": 0.01}
+    router.initialize_state(**kwargs, tree_actor=router._tree_actor)
+    router.update_replicas(list(replicas.values()))
+    local = router._local
+    r1 = replicas["r1"].replica_id.to_full_id_str()
+    try:
+        for i in range(6):  # ~1,200 characters each
+            routed(router, new_conversation(i), replicas["r1"])
+        wait_for(lambda: local.tenant_to_char_count[r1] <= 4_500)
+        assert choose(router, new_conversation(5)) == {"r1"}  # the newest text is kept
+    finally:
+        local.stop_eviction_loop()
+        tree_of(router).stop_eviction_loop()
+
+
+def wait_for(condition: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
 
 
 def test_a_dead_replica_leaves_the_tree(make_router: Any) -> None:
