@@ -73,14 +73,23 @@ def test_sessions_resend_a_growing_history_of_their_own() -> None:
 
 def test_hit_rate_and_ratios() -> None:
     figures = {
-        "prefix": bench.ModeFigures([bench.Turn(0.1, 1000, 900, 16)] * 4, 2.0).summary(),
-        "pow2": bench.ModeFigures([bench.Turn(0.4, 1000, 300, 16)] * 4, 4.0).summary(),
+        # A first turn (nothing reachable) and three later ones (960 tokens reachable each).
+        "prefix": bench.ModeFigures(
+            [bench.Turn(2.0, 1000, 0, 16)] + [bench.Turn(0.1, 1000, 900, 16, 960)] * 3, 2.0
+        ).summary(),
+        "pow2": bench.ModeFigures(
+            [bench.Turn(2.0, 1000, 0, 16)] + [bench.Turn(0.4, 1000, 300, 16, 960)] * 3, 4.0
+        ).summary(),
     }
     compared = bench._compare(figures)
-    assert figures["prefix"]["hit_rate"] == 0.9 and figures["pow2"]["tokens_per_s"] == 16.0
+    assert figures["prefix"]["hit_rate"] == 0.675 and figures["pow2"]["tokens_per_s"] == 16.0
+    assert figures["prefix"]["reachable_hit_rate"] == 0.72
+    assert figures["prefix"]["affinity"] == 0.938  # 2,700 of 2,880 reachable
     assert compared["prefix_over_pow2"] == {
         "ttft_p50_ms": 0.25,
-        "ttft_p95_ms": 0.25,
+        "ttft_p95_ms": 1.0,  # the first turns, alike
+        "ttft_p50_later_turns_ms": 0.25,
         "tokens_per_s": 2.0,
         "hit_rate": 3.0,
+        "affinity": 3.006,  # 0.938 / 0.312 (900 and 300 of 960, rounded)
     }
