@@ -120,6 +120,10 @@ def system_prompt(rng: random.Random, session: str, words: int) -> str:
     )
 
 
+BLOCK_TOKENS = 16
+"""vLLM's KV block: its prefix cache holds whole blocks only."""
+
+
 @dataclass
 class Turn:
     """One request's figures, from the client's clock and the gateway's usage."""
@@ -130,7 +134,7 @@ class Turn:
     completion_tokens: int
     reachable_tokens: int = 0
     """What perfect affinity could find cached: the session's previous prompt, in whole
-    16-token blocks (vLLM caches whole blocks); 0 for a session's first turn."""
+    ``BLOCK_TOKENS`` blocks; 0 for a session's first turn."""
 
 
 @dataclass
@@ -215,7 +219,8 @@ async def agent_trace(
             answer, turn = await chat(client, model, messages, args.max_tokens)
             messages.append({"role": "assistant", "content": answer})
             if turns:
-                turn.reachable_tokens = min(turns[-1].prompt_tokens // 16 * 16, turn.prompt_tokens)
+                whole = turns[-1].prompt_tokens // BLOCK_TOKENS * BLOCK_TOKENS
+                turn.reachable_tokens = min(whole, turn.prompt_tokens)
             turns.append(turn)
         return turns
 

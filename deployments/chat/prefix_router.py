@@ -128,6 +128,11 @@ class FastPrefixTree(PrefixTree):
     at C speed.
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._routers: dict[str, float] = {}
+        """Router id -> when it last recorded (``insert_from``)."""
+
     @staticmethod
     def _shared_prefix_count(a: str, b: str) -> int:
         n = min(len(a), len(b))
@@ -147,9 +152,8 @@ class FastPrefixTree(PrefixTree):
         (the caller included): a router alone in that window need not ask this tree about
         a conversation its own copy does not know, since no one else routed it."""
         self.insert(text, tenant, time_s)
-        routers = getattr(self, "_routers", {})
-        routers[router] = time_s
-        self._routers = {r: t for r, t in routers.items() if t >= time_s - PEER_WINDOW_S}
+        self._routers[router] = time_s
+        self._routers = {r: t for r, t in self._routers.items() if t >= time_s - PEER_WINDOW_S}
         return len(self._routers)
 
     def tenants(self) -> list[str]:
@@ -239,12 +243,17 @@ class ChatPrefixRouter(PrefixCacheAffinityRouter):
         shortest = min(queues.values(), default=0)
         ids = [r.replica_id.to_full_id_str() for r in candidate_replicas]
         threshold = self._match_rate_threshold or 0.0
-        matched, holders = self._local.prefix_match(text, ids)
-        if not self._alone and (not holders or len(matched) / len(text) < threshold):
+
+        def known(match: tuple[str, list[str] | None]) -> bool:
+            return bool(match[1]) and len(match[0]) / len(text) >= threshold
+
+        match = self._local.prefix_match(text, ids)
+        if not self._alone and not known(match):
             # Awaited, not ``ray.get`` as Ray does: the router's loop keeps routing meanwhile.
-            matched, holders = await self._tree_actor.prefix_match.remote(text, ids)
+            match = await self._tree_actor.prefix_match.remote(text, ids)
+        holders = match[1] or []
         margin = self._imbalanced_threshold if self._imbalanced_threshold is not None else 0.0
-        if holders and len(matched) / len(text) >= threshold:
+        if known(match):
             within = [
                 r
                 for r in candidate_replicas
