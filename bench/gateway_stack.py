@@ -30,6 +30,7 @@ ENGINE: dict[str, object] = {
     "max_num_seqs": 16,
     "enforce_eager": True,
     "kv_cache_memory_bytes": 256 * 1024**2,
+    "engine_args": {"block_size": 32},  # the catalog's (configs/catalog/local.yaml)
 }
 """Engine settings of both stacks, in the catalog's names (bench.servers maps them to flags)."""
 BASE_CONFIG = "configs/local.yaml"

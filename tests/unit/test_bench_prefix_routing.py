@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 from bench import prefix_routing as bench
@@ -93,3 +94,51 @@ def test_hit_rate_and_ratios() -> None:
         "hit_rate": 3.0,
         "affinity": 3.006,  # 0.938 / 0.312 (900 and 300 of 960, rounded)
     }
+
+
+def test_both_modes_replay_the_same_starts_and_tool_pauses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The schedule is seeded apart from the text: the same seed, the same pauses (so the
+    modes meet the same load), and different seeds (rounds) different ones."""
+    args = bench.parse_args(
+        ["--sessions", "2", "--turns", "3", "--stagger-s", "10", "--think-s", "2"]
+    )
+    pauses: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(delay: float) -> None:
+        pauses.append(delay)
+        await real_sleep(0)
+
+    monkeypatch.setattr(bench.asyncio, "sleep", sleep)
+
+    def schedule(seed: int) -> list[float]:
+        pauses.clear()
+
+        async def run() -> None:
+            async with httpx.AsyncClient(transport=_server([]), base_url="http://x") as client:
+                await bench.agent_trace(client, "m", seed, args)
+
+        asyncio.run(run())
+        return sorted(pauses)
+
+    first = schedule(7)
+    assert len(first) == 2 + 2 * 2  # a start per session, a pause before turns 2 and 3
+    assert sum(p <= 10 for p in first) >= 2 and all(p >= 0 for p in first)
+    assert schedule(7) == first and schedule(8) != first
+
+
+def test_reachable_tokens_count_whole_blocks_of_the_engines_size() -> None:
+    args = bench.parse_args(["--sessions", "1", "--turns", "2", "--block-tokens", "32"])
+
+    async def run() -> list[bench.Turn]:
+        async with httpx.AsyncClient(transport=_server([]), base_url="http://x") as client:
+            return (await bench.agent_trace(client, "m", 0, args))[0]
+
+    first, second = asyncio.run(run())
+    assert first.reachable_tokens == 0
+    assert second.reachable_tokens == first.prompt_tokens // 32 * 32
+    assert bench.block_tokens(bench.parse_args(["--block-tokens", "64"])) == 64
+    config = bench.engine_settings(args)
+    assert config["engine_args"] == {"block_size": 32}

@@ -73,6 +73,7 @@ def test_the_bare_server_gets_the_same_engine_settings(
     for flag in ("--dtype float32", "--max-model-len 2048", "--max-num-seqs 16"):
         assert flag in cmd
     assert f"--kv-cache-memory-bytes {256 * 1024**2}" in cmd and "--enforce-eager" in cmd
+    assert "--block-size 32" in cmd  # engine_args pass through by vLLM's own names
     assert seen["kwargs"]["start_new_session"] is True
     with pytest.raises(ValueError, match="no vLLM server flag"):
         servers.start_vllm(tmp_path, 1234, tmp_path / "log", {"swap_space": 4})
