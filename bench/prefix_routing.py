@@ -11,6 +11,11 @@ The agent trace: ``--sessions`` conversations in flight at once, ``--turns`` tur
 Every session has its own system prompt and tool list (~1,000 tokens together, unique from
 their first words), and each turn resends the whole history plus a new user message, as
 agents do; answers are ``--max-tokens`` long at temperature 0 and go into the history.
+Sessions start at seeded random times within ``--stagger-s`` and pause a seeded random
+time (exponential, mean ``--think-s``) between turns, the agent's tool call: both modes
+replay the same schedule. ``--stagger-s 0 --think-s 0`` is the lockstep worst case: every
+session starts at once and sends its next turn the instant the last answer ends, so a
+replica's sessions stay in step and each turn waits behind the others' prefills.
 Rounds alternate the two modes (prefix, pow2, then pow2, prefix, ...); both modes of a
 round replay the same sessions, and every round has new ones, so no round finds what an
 earlier one cached. A second trace with no shared prefix at all (every request its own
@@ -29,8 +34,9 @@ of them, which is what power of two choices leaves on each; the catalog's 256 Mi
 neither, and then both modes recompute (see docs/tuning.md#request-routing).
 
 Why 10 turns by default: a session's first turn is a full miss, so the hit rate of perfect
-affinity is bounded by the trace (~0.81 at 6 turns of this shape, ~0.88 at 10); agent loops
-commonly run longer than 6.
+affinity is bounded by the trace (~0.87 at 10 turns of this shape with 32-token blocks);
+agent loops commonly run longer than 6. "Reachable" counts each turn's previous prompt in
+whole blocks of the engines' size (``--block-tokens``, else the stack's ``engine_args``).
 
     flock /tmp/heavy.lock env PYTHONPATH=$PWD .venv/bin/python bench/prefix_routing.py
 """
@@ -335,6 +341,8 @@ def write_config(target: Path, args: argparse.Namespace) -> Path:
         "ray_actor_options": {"num_cpus": 0.5},
         "routing": "prefix",
     }
+    if args.imbalance is not None:
+        deployment["routing_imbalance"] = args.imbalance
     gateway_config(target, engine=engine, deployment=deployment)
     config = yaml.safe_load(target.read_text())
     app_args = config["applications"][0]["args"]
@@ -421,15 +429,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="engines' KV block (vLLM's block_size); 0: the bench stack's (ENGINE)",
     )
     parser.add_argument(
+        "--imbalance",
+        type=int,
+        default=None,
+        help="the prefix deployment's routing_imbalance (unset: the catalog's default)",
+    )
+    parser.add_argument(
         "--stagger-s",
         type=float,
-        default=0.0,
+        default=20.0,
         help="sessions start at seeded random times within this window (0: all at once)",
     )
     parser.add_argument(
         "--think-s",
         type=float,
-        default=0.0,
+        default=2.0,
         help="mean seeded (exponential) pause between a session's turns: the agent's tool time",
     )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")

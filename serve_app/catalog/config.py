@@ -166,10 +166,13 @@ class DeploymentSpec(_Strict):
         "'prefix' for chat heads, 'pow2' for the others (docs/tuning.md#request-routing).",
     )
     routing_imbalance: int = Field(
-        default=4,
+        default=8,
         ge=0,
-        description="routing 'prefix': when the longest replica queue exceeds the shortest by "
-        "more than this many requests, the prefix is ignored and the less loaded one wins.",
+        description="routing 'prefix': when the queue of the replica holding the prefix "
+        "exceeds the shortest by more than this many requests, the prefix is ignored and the "
+        "least loaded one wins. Below the engine's batch (max_num_seqs) a longer queue only "
+        "means a larger batch, while moving a conversation recomputes its whole history "
+        "(docs/tuning.md#request-routing: 8 kept every reachable hit where 4 lost some).",
     )
     routing_tree_chars: int = Field(
         default=2_000_000,

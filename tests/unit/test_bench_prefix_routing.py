@@ -15,6 +15,9 @@ import yaml
 from bench import prefix_routing as bench
 from serve_app.config import GatewayAppArgs
 
+LOCKSTEP = ["--stagger-s", "0", "--think-s", "0"]
+"""No pauses: the traces' shape without their schedule (the default pauses seconds)."""
+
 
 def test_two_deployments_alike_but_for_routing(tmp_path: Path) -> None:
     args = bench.parse_args(["--kv-mib", "512"])
@@ -26,6 +29,12 @@ def test_two_deployments_alike_but_for_routing(tmp_path: Path) -> None:
         assert model.deployment.num_replicas == 2
         assert "lora" not in model.engine.config and not model.adapters
         assert model.engine.config["kv_cache_memory_bytes"] == 512 * 1024**2
+        assert model.deployment.routing_imbalance == 8  # the catalog's default
+    tuned = bench.parse_args(["--imbalance", "8"])
+    config = yaml.safe_load(bench.write_config(tmp_path / "t.yaml", tuned).read_text())
+    prefix, pow2 = GatewayAppArgs.model_validate(config["applications"][0]["args"]).catalog
+    assert (prefix.deployment.routing_imbalance, prefix.routing) == (8, "prefix")
+    assert pow2.routing == "pow2"
 
 
 def _server(seen: list[list[dict[str, str]]]) -> httpx.MockTransport:
@@ -53,7 +62,7 @@ def _server(seen: list[list[dict[str, str]]]) -> httpx.MockTransport:
 
 
 def test_sessions_resend_a_growing_history_of_their_own() -> None:
-    args = bench.parse_args(["--sessions", "3", "--turns", "4"])
+    args = bench.parse_args(["--sessions", "3", "--turns", "4", *LOCKSTEP])
     seen: list[list[dict[str, str]]] = []
 
     async def run() -> list[bench.Turn]:
@@ -130,7 +139,7 @@ def test_both_modes_replay_the_same_starts_and_tool_pauses(
 
 
 def test_reachable_tokens_count_whole_blocks_of_the_engines_size() -> None:
-    args = bench.parse_args(["--sessions", "1", "--turns", "2", "--block-tokens", "32"])
+    args = bench.parse_args(["--sessions", "1", "--turns", "2", "--block-tokens", "32", *LOCKSTEP])
 
     async def run() -> list[bench.Turn]:
         async with httpx.AsyncClient(transport=_server([]), base_url="http://x") as client:
