@@ -214,8 +214,8 @@ async def chat(
 async def agent_trace(
     client: httpx.AsyncClient, model: str, seed: int, args: argparse.Namespace
 ) -> tuple[list[Turn], float]:
-    """``args.sessions`` multi-turn sessions at once; their turns and the wall time."""
-
+    """``args.sessions`` multi-turn sessions, started within ``args.stagger_s`` (all in flight
+    together for most of the trace); their turns and the wall time, pauses included."""
     block = block_tokens(args)
 
     async def session(index: int) -> list[Turn]:
