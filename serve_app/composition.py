@@ -568,6 +568,7 @@ async def build_replica(
     )
     waker.on_sent = readiness.wake_sent
     waker.on_awake = readiness.note_answering
+    waker.on_refused = readiness.wake_refused
     dedicated_backend = None
     if config.dedicated.enabled:
         from deployments.dedicated_head import DedicatedHead  # only a Serve replica needs it

@@ -34,16 +34,20 @@ class HeadWaker:
         gate: Callable[[str], Awaitable[bool]] | None = None,
         on_sent: Callable[[str], None] | None = None,
         on_awake: Callable[[str], None] | None = None,
+        on_refused: Callable[[str], None] | None = None,
     ) -> None:
         """``gate``: awaited before a wake (the memory budget making room); ``on_sent``:
         told when the wake call goes out (the wake's own time starts there); ``on_awake``:
         told when it is answered, so the head counts as up at once rather than at the next
-        status poll (a caller retrying in between would get a second 503)."""
+        status poll (a caller retrying in between would get a second 503); ``on_refused``:
+        told when the gate refused, so the next attempt's ``Retry-After`` counts from that
+        attempt, not from this one (which would read as long overdue)."""
         self._handles = handles
         self._bound_s = bound_s
         self._gate = gate
         self.on_sent = on_sent
         self.on_awake = on_awake
+        self.on_refused = on_refused
         self._pending: dict[str, asyncio.Task[None]] = {}
 
     def __call__(self, model_id: str) -> None:
@@ -55,6 +59,8 @@ class HeadWaker:
 
     async def _wake(self, model_id: str) -> None:
         if self._gate is not None and not await self._allowed(model_id):
+            if self.on_refused is not None:
+                self.on_refused(model_id)
             return
         started = time.monotonic()
         logger.info("waking head %s", model_id)

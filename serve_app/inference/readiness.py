@@ -175,6 +175,11 @@ class HeadReadiness:
         """The waker sent ``model_id``'s wake call (room made): its own wake starts now."""
         self._wakes.sent(model_id)
 
+    def wake_refused(self, model_id: str) -> None:
+        """No room could be made for ``model_id``: no wake runs, and the next call's attempt
+        is timed from its own start."""
+        self._wakes.forget(model_id)
+
     def _retry_after_s(self, model_id: str) -> int:
         room = 0.0
         if self._room_s is not None:

@@ -85,12 +85,20 @@ async def test_the_wake_call_goes_only_once_there_is_room(
     orders, handle = _Orders(), _Handle()
     keeper = _keeper({"chat", "embed"}, orders, budget)
     sent: list[str] = []
-    waker = HeadWaker({"tools": handle}, bound_s=5, gate=keeper.make_room, on_sent=sent.append)
+    refused: list[str] = []
+    waker = HeadWaker(
+        {"tools": handle},
+        bound_s=5,
+        gate=keeper.make_room,
+        on_sent=sent.append,
+        on_refused=refused.append,
+    )
     waker("tools")
     await _attempt_ended(waker, "tools")
     assert handle.calls == wakes
     assert orders.ordered == evicted
     assert sent == ["tools"] * wakes  # the wake's own time starts only when it is sent
+    assert refused == ["tools"] * (1 - wakes)  # and a refusal is told, so it times nothing
 
 
 async def test_a_failing_gate_keeps_the_head_asleep() -> None:
@@ -98,10 +106,11 @@ async def test_a_failing_gate_keeps_the_head_asleep() -> None:
         raise RuntimeError("database down")
 
     handle = _Handle()
-    waker = HeadWaker({"tools": handle}, bound_s=5, gate=broken)
+    refused: list[str] = []
+    waker = HeadWaker({"tools": handle}, bound_s=5, gate=broken, on_refused=refused.append)
     waker("tools")
     await _attempt_ended(waker, "tools")
-    assert handle.calls == 0
+    assert handle.calls == 0 and refused == ["tools"]
 
 
 async def test_readiness_reports_each_accepted_call_as_a_use() -> None:

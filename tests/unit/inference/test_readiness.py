@@ -247,3 +247,38 @@ async def test_a_poll_that_knows_nothing_keeps_the_last_states() -> None:
     # The second read after it began after the first had ended: a whole poll knew nothing.
     await until(lambda: len(reads) >= unknown_from + 2)
     readiness.check("s")  # still ready: no 503 for a head that never stopped
+
+
+async def test_a_refused_wake_leaves_no_start_behind() -> None:
+    """No room could be made: the next caller's ``Retry-After`` is counted from its own
+    attempt. Before, the refused attempt's start stayed and the next 503 said the wake was
+    long overdue (5 s) although none had run."""
+    now = [1000.0]
+    refused: list[str] = []
+
+    async def no_room(model_id: str) -> bool:
+        return False
+
+    readiness = HeadReadiness(
+        lambda: {"s": HeadState(ASLEEP)},
+        refresh_s=3600,
+        clock=lambda: now[0],
+        wake_s={"s": 40.0},
+    )
+
+    def on_refused(model_id: str) -> None:
+        refused.append(model_id)
+        readiness.wake_refused(model_id)
+
+    waker = HeadWaker({"s": _Handle()}, bound_s=5, gate=no_room, on_refused=on_refused)
+    readiness._waker = waker
+    readiness.check("s")  # the first poll is started; nothing known yet
+    await until(lambda: "s" in readiness._states)
+    with pytest.raises(ModelUnavailableError) as first:
+        readiness.check("s")
+    await until(waker._pending["s"].done)
+    assert refused == ["s"]
+    now[0] += 600  # much later, another caller
+    with pytest.raises(ModelUnavailableError) as later:
+        readiness.check("s")
+    assert later.value.headers == first.value.headers  # the whole estimate, not "overdue"
