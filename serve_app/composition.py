@@ -536,6 +536,14 @@ def bound_deployments(config: GatewayAppArgs, handles: Mapping[str, Any]) -> dic
     }
 
 
+def _report_wakes(waker: HeadWaker, readiness: HeadReadiness) -> None:
+    """Readiness hears of each wake as it goes: sent (its time starts), answered (the head is
+    up before the next poll), refused by the budget (no start left behind)."""
+    waker.on_sent = readiness.wake_sent
+    waker.on_awake = readiness.note_answering
+    waker.on_refused = readiness.wake_refused
+
+
 async def build_replica(
     args: dict[str, Any], handles: dict[str, Any], tool_runner: Any, app_name: str
 ) -> tuple[GatewayAppArgs, GatewayState]:
@@ -566,9 +574,7 @@ async def build_replica(
         wake_s=declared_wake_s(config),
         room_s=keeper.room_wait_s,
     )
-    waker.on_sent = readiness.wake_sent
-    waker.on_awake = readiness.note_answering
-    waker.on_refused = readiness.wake_refused
+    _report_wakes(waker, readiness)
     dedicated_backend = None
     if config.dedicated.enabled:
         from deployments.dedicated_head import DedicatedHead  # only a Serve replica needs it
